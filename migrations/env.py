@@ -1,0 +1,45 @@
+"""Alembic environment: the URL comes from bleedwatch's settings, never from alembic.ini."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from service.auth import models as _auth_models  # noqa: F401  (registers tables)
+from service.db import Base
+from service.findings import models as _finding_models  # noqa: F401
+
+config = context.config
+url = config.attributes.get("sqlalchemy_url")
+if url is None:
+    from service.config import Settings
+
+    url = Settings().sqlalchemy_url(asynchronous=False)
+
+
+def run() -> None:
+    connectable = config.attributes.get("connection")
+    if connectable is not None:
+        _migrate(connectable)
+        return
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        _migrate(connection)
+    engine.dispose()
+
+
+def _migrate(connection: object) -> None:
+    is_pg = connection.dialect.name == "postgresql"  # type: ignore[attr-defined]
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=not is_pg,  # SQLite can only ALTER by copying the table
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        if is_pg:
+            context.execute("SET LOCAL lock_timeout = '5s'")
+        context.run_migrations()
+
+
+run()

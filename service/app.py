@@ -1,0 +1,146 @@
+"""The ASGI application: one lifespan builds every backend client; routes read them from state."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.exceptions
+import sqlalchemy.exc
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio import Redis, RedisCluster
+from sqlalchemy import text
+
+from service import errors, metrics
+from service.auth.keys import KeyVerifier
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker
+from service.deps import AppDeps, Deps
+from service.findings.routes import router as findings_router
+from service.index.base import Index
+from service.index.keys import Keys
+from service.index.memory import MemoryIndex
+from service.index.redis_index import RedisIndex
+from service.index.window import Window
+from service.ingest.decode import Limits
+from service.ingest.routes import router as ingest_router
+from service.ingest.service import Ingestor
+from service.matching.evidence import Thresholds
+from service.matching.matcher import Matcher
+from service.migrate import upgrade
+
+RETRY_AFTER_SECONDS = 5
+
+
+def make_index(settings: Settings) -> Index:
+    window = Window(settings.retention_seconds, settings.index_generations)
+    if settings.redis_url is None:
+        return MemoryIndex(window, settings.common_tenants)
+    options = {
+        "socket_timeout": 5.0,
+        "socket_connect_timeout": 2.0,
+        "client_name": "bleedwatch",
+        "health_check_interval": 15,
+    }
+    client: Redis | RedisCluster
+    if settings.redis_cluster:
+        client = RedisCluster.from_url(settings.redis_url, **options)
+    else:
+        client = Redis.from_url(settings.redis_url, **options)
+    return RedisIndex(client, Keys(settings.key_prefix), window, settings.common_tenants, settings.index_bucket_bits)
+
+
+def thresholds(settings: Settings) -> Thresholds:
+    return Thresholds(
+        n=settings.shingle_tokens,
+        w=settings.window,
+        min_matched=settings.min_matched_fingerprints,
+        min_run_tokens=settings.min_run_tokens,
+        high_run_tokens=settings.high_run_tokens,
+        critical_run_tokens=settings.critical_run_tokens,
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.database_url is None:
+            upgrade(settings)  # the embedded file is ours to keep current
+        engine = make_engine(settings)
+        sessions = make_sessionmaker(engine)
+        index = make_index(settings)
+        limits = Limits(settings.max_batch_exchanges, settings.max_fingerprints_per_text, settings.max_future_seconds)
+        app.state.deps = AppDeps(
+            settings=settings,
+            engine=engine,
+            sessions=sessions,
+            index=index,
+            ingestor=Ingestor(index, Matcher(index, thresholds(settings)), sessions, limits),
+            keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
+        )
+        try:
+            yield
+        finally:
+            await index.close()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="bleedwatch",
+        summary="Catches one tenant's data in another tenant's LLM answers, from fingerprints only.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+
+    @app.exception_handler(redis.exceptions.RedisError)
+    async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
+        metrics.BACKEND_ERRORS.labels("redis").inc()
+        return _unavailable("the fingerprint index (Redis) is unreachable; retry later, nothing was kept")
+
+    @app.exception_handler(sqlalchemy.exc.OperationalError)
+    @app.exception_handler(sqlalchemy.exc.InterfaceError)
+    async def database_down(_: Request, exc: sqlalchemy.exc.DBAPIError) -> JSONResponse:
+        metrics.BACKEND_ERRORS.labels("database").inc()
+        return _unavailable("the database is unreachable; retry later")
+
+    app.include_router(ingest_router)
+    app.include_router(findings_router)
+
+    @app.get("/healthz", tags=["health"], summary="The process is alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], summary="Redis and the database answer")
+    async def readyz(deps: Deps) -> JSONResponse:
+        checks: dict[str, str] = {}
+        try:
+            await deps.index.ping()
+            checks["index"] = "ok"
+        except (redis.exceptions.RedisError, OSError):
+            checks["index"] = "unreachable"
+        try:
+            async with deps.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except (sqlalchemy.exc.SQLAlchemyError, OSError):
+            checks["database"] = "unreachable"
+        ready = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _unavailable(detail: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": "unavailable", "detail": detail},
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )

@@ -1,0 +1,122 @@
+"""``bleedwatch``: serve, migrate, replay, keys, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from service.auth.keys import Role
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.config import Settings
+
+    settings = Settings()
+    if settings.embedded and settings.workers > 1:
+        print("the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers",
+              file=sys.stderr)
+        return 2
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        workers=settings.workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _migrate(_: argparse.Namespace) -> int:
+    from service.config import Settings
+    from service.migrate import upgrade
+
+    upgrade(Settings())
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from service.keys_cli import run
+
+    return asyncio.run(run(args))
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from service.replay import replay_file
+
+    key = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
+    if args.key_file:
+        key = open(args.key_file).read().strip()
+    if not key:
+        print("give the gateway's fingerprint key: --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)", file=sys.stderr)
+        return 2
+    if not args.api_key:
+        print("give an ingest API key: --api-key or BLEEDWATCH_API_KEY", file=sys.stderr)
+        return 2
+    result = asyncio.run(
+        replay_file(args.file, url=args.url, api_key=args.api_key, key=bytes.fromhex(key), batch_size=args.batch_size)
+    )
+    print(f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
+          f"{result.findings} findings, {result.rate:,.0f} exchanges/s")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from service.demo.run import run_demo
+
+    return run_demo(keep=args.keep)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bleedwatch", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the API (settings from BLEEDWATCH_* variables)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.set_defaults(func=_serve)
+
+    m = sub.add_parser("migrate", help="bring the database schema to the current version")
+    m.set_defaults(func=_migrate)
+
+    r = sub.add_parser("replay", help="fingerprint a JSON Lines traffic file and send it")
+    r.add_argument("file")
+    r.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL", "http://127.0.0.1:8400"))
+    r.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"))
+    r.add_argument("--key-file", help="file holding the fingerprint key in hex")
+    r.add_argument("--batch-size", type=int, default=200)
+    r.set_defaults(func=_replay)
+
+    k = sub.add_parser("keys", help="create, list and revoke API keys")
+    ksub = k.add_subparsers(dest="keys_command", required=True)
+    kc = ksub.add_parser("create")
+    kc.add_argument("--name", required=True)
+    kc.add_argument("--role", required=True, choices=[r.value for r in Role])
+    kc.add_argument("--tenant", action="append", dest="tenants", help="limit an ingest key to this tenant (repeat)")
+    ksub.add_parser("list")
+    kr = ksub.add_parser("revoke")
+    kr.add_argument("key_id")
+    k.set_defaults(func=_keys)
+
+    d = sub.add_parser("demo", help="run bleedwatch on the embedded default against a sample with a leak")
+    d.add_argument("--keep", action="store_true", help="keep the demo's data directory")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""What the lifespan builds once and every route reads: typed, no module-level clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from service.auth.keys import KeyVerifier
+from service.config import Settings
+from service.index.base import Index
+from service.ingest.service import Ingestor
+
+
+@dataclass(slots=True)
+class AppDeps:
+    settings: Settings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    index: Index
+    ingestor: Ingestor
+    keys: KeyVerifier
+
+
+def get_deps(request: Request) -> AppDeps:
+    deps: AppDeps = request.app.state.deps
+    return deps
+
+
+Deps = Annotated[AppDeps, Depends(get_deps)]

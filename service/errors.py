@@ -1,0 +1,95 @@
+"""One error shape for every 4xx and 5xx: ``{"error": "<code>", "detail": "<what to do>"}``.
+
+Messages are written for the gateway operator reading a log line, and never echo fingerprint
+values, text or other tenants' data: at most the caller's own field names and limits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: str
+
+
+class ApiError(Exception):
+    status = 400
+    error = "bad_request"
+
+    def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers
+
+
+class Unauthorized(ApiError):
+    status, error = 401, "unauthorized"
+
+
+class Forbidden(ApiError):
+    status, error = 403, "forbidden"
+
+
+class NotFound(ApiError):
+    status, error = 404, "not_found"
+
+
+class PayloadTooLarge(ApiError):
+    status, error = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(ApiError):
+    status, error = 415, "unsupported_media_type"
+
+
+class Invalid(ApiError):
+    status, error = 422, "invalid"
+
+
+class Unavailable(ApiError):
+    """A backend is down: the caller should retry the same request later; nothing was kept."""
+
+    status, error = 503, "unavailable"
+
+
+def responses(*errors: type[ApiError]) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route: every error it may answer, in the one shape."""
+    return {e.status: {"model": ErrorBody, "description": e.error} for e in errors}
+
+
+def _body(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "body"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _body(exc.status, exc.error, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors()[:10]:
+            problems.append(f"{_location(tuple(err.get('loc', ())))}: {err.get('msg', 'invalid')}")
+        return _body(422, "invalid", "; ".join(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return _body(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+
+from service.auth.deps import READERS, require
+from service.auth.keys import Caller
+from service.db import session_scope
+from service.deps import Deps
+from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
+from service.findings import store
+from service.findings.schemas import FindingOut, FindingPage, Severity
+
+router = APIRouter(prefix="/v1/findings", tags=["findings"])
+Reader = Annotated[Caller, Depends(require(*READERS))]
+
+
+@router.get("", response_model=FindingPage, responses=responses(Unauthorized, Forbidden, Invalid))
+async def list_findings(
+    deps: Deps,
+    _: Reader,
+    since: Annotated[datetime | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
+    until: Annotated[datetime | None, Query(description="Detected before.")] = None,
+    recipient_tenant: Annotated[str | None, Query(max_length=128)] = None,
+    source_tenant: Annotated[str | None, Query(max_length=128)] = None,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    severity: Severity | None = None,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> FindingPage:
+    """Newest first. Pass ``next_cursor`` back as ``cursor`` for the next page."""
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and value.tzinfo is None:
+            raise Invalid(f"{name}: give a timezone, e.g. 2026-12-02T10:00:00Z")
+    filters = store.FindingFilter(since, until, recipient_tenant, source_tenant, model, severity)
+    async with session_scope(deps.sessions) as session:
+        rows, next_cursor = await store.page(session, filters, cursor, limit)
+        return FindingPage(items=[FindingOut.model_validate(r) for r in rows], next_cursor=next_cursor)
+
+
+@router.get("/{finding_id}", response_model=FindingOut, responses=responses(Unauthorized, Forbidden, NotFound))
+async def get_finding(deps: Deps, _: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]) -> FindingOut:
+    async with session_scope(deps.sessions) as session:
+        row = await store.get(session, finding_id)
+        if row is None:
+            raise NotFound(f"no finding {finding_id}")
+        return FindingOut.model_validate(row)

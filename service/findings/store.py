@@ -1,0 +1,100 @@
+"""Findings in the database. Functions flush; the caller's session scope commits."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from sqlalchemy import Select, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service.db import utcnow
+from service.errors import Invalid
+from service.findings.models import Finding
+from service.matching.matcher import FindingDraft
+
+
+async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tuple[FindingDraft, int, bool]]:
+    """Insert new findings; replace an existing one only with stronger evidence.
+
+    Re-processing a batch, or two replicas evaluating the same response, therefore never
+    duplicates a finding, and a finding never loses evidence it had. Returns the id of each
+    finding created or extended, with its id and whether it was created.
+    """
+    ids = []
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    for draft in drafts:
+        now = utcnow()
+        values = asdict(draft) | {"detected_at": now, "updated_at": now}
+        stmt = insert(Finding).values(**values)
+        changes = {k: stmt.excluded[k] for k in values if k not in ("detected_at", "recipient_tenant", "recipient_request_id")}
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["recipient_tenant", "recipient_request_id"],
+            set_=changes,
+            where=(stmt.excluded.matched_fingerprints > Finding.matched_fingerprints)
+            | (stmt.excluded.longest_run_words > Finding.longest_run_words),
+        ).returning(Finding.id, Finding.detected_at, Finding.updated_at)
+        row = (await session.execute(stmt)).one_or_none()
+        if row is not None:
+            ids.append((draft, row.id, row.detected_at == row.updated_at))
+    return ids
+
+
+@dataclass(frozen=True, slots=True)
+class FindingFilter:
+    since: datetime | None = None
+    until: datetime | None = None
+    recipient_tenant: str | None = None
+    source_tenant: str | None = None
+    model: str | None = None
+    severity: str | None = None
+
+
+def encode_cursor(finding_id: int) -> str:
+    return base64.urlsafe_b64encode(f"f:{finding_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = raw.partition(":")
+        if kind != "f":
+            raise ValueError
+        return int(value)
+    except (ValueError, UnicodeDecodeError):
+        raise Invalid("cursor: not a cursor returned by this endpoint; start again without it") from None
+
+
+def _filtered(f: FindingFilter) -> Select[tuple[Finding]]:
+    q = select(Finding)
+    if f.since is not None:
+        q = q.where(Finding.detected_at >= f.since)
+    if f.until is not None:
+        q = q.where(Finding.detected_at < f.until)
+    for column, value in (
+        (Finding.recipient_tenant, f.recipient_tenant),
+        (Finding.source_tenant, f.source_tenant),
+        (Finding.model, f.model),
+        (Finding.severity, f.severity),
+    ):
+        if value is not None:
+            q = q.where(column == value)
+    return q
+
+
+async def page(
+    session: AsyncSession, f: FindingFilter, cursor: str | None, limit: int
+) -> tuple[list[Finding], str | None]:
+    """Newest first by id (ids grow with detection time); the cursor is the last id seen."""
+    q = _filtered(f)
+    if cursor is not None:
+        q = q.where(Finding.id < decode_cursor(cursor))
+    rows = list((await session.scalars(q.order_by(Finding.id.desc()).limit(limit + 1))).all())
+    next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+async def get(session: AsyncSession, finding_id: int) -> Finding | None:
+    return await session.get(Finding, finding_id)

@@ -1,0 +1,140 @@
+"""Keyed shingle hashing and winnowing: scheme ``bw1`` of docs/fingerprint-spec.md.
+
+Only the gateway holds the key. Every token is hashed with keyed BLAKE2b once (repeated words
+hit a per-call cache), the n token hashes of a shingle are combined with a polynomial and a
+finaliser in numpy, and winnowing keeps the rightmost minimum of every window of ``w`` shingle
+hashes. Any run of ``n + w - 1`` tokens shared by two texts therefore shares a fingerprint
+(Schleimer, Wilkerson, Aiken 2003), and the service, which sees only fingerprints, cannot test
+a guessed text without the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.fingerprint.tokens import tokenize
+
+SCHEME_VERSION = 1
+MIN_KEY_BYTES = 16
+MAX_KEY_BYTES = 64  # BLAKE2b's own limit for a key
+
+SHINGLE_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+_FMIX_1 = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX_2 = np.uint64(0xC4CEB9FE1A85EC53)
+_SHIFT = np.uint64(33)
+
+U64 = npt.NDArray[np.uint64]
+U32 = npt.NDArray[np.uint32]
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """What both sides of a comparison must agree on; part of the key id.
+
+    ``sample_after`` and ``sample_mod`` thin out fingerprints past a token offset by keeping
+    only those whose value is 0 modulo ``sample_mod``. The choice depends on the content
+    only, so a sampled text still shares fingerprints with an unsampled copy of the same span.
+    """
+
+    n: int = 4
+    w: int = 6
+    sample_after: int = 65_536
+    sample_mod: int = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n <= 64:
+            raise ValueError("n must be between 1 and 64")
+        if not 1 <= self.w <= 256:
+            raise ValueError("w must be between 1 and 256")
+        if self.sample_after < 0 or self.sample_mod < 1:
+            raise ValueError("sample_after must be >= 0 and sample_mod >= 1")
+
+    @property
+    def guaranteed_run(self) -> int:
+        """Shared runs of at least this many tokens always share a fingerprint."""
+        return self.n + self.w - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprints:
+    values: U64
+    offsets: U32
+    token_count: int
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def check_key(key: bytes) -> None:
+    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"the fingerprint key must be {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes")
+
+
+def key_id(key: bytes, params: Params) -> str:
+    """A public name for (key, n, w): fingerprints are only compared under the same key id.
+
+    Sampling is not part of it, since sampled and unsampled fingerprints stay comparable.
+    """
+    check_key(key)
+    label = f"bleedwatch key-id v{SCHEME_VERSION} n={params.n} w={params.w}".encode()
+    return hashlib.blake2b(label, key=key, digest_size=8).hexdigest()
+
+
+def token_hashes(tokens: list[str], key: bytes) -> U64:
+    """Keyed 64-bit hash of each token (little-endian BLAKE2b-64), each distinct token hashed once."""
+    check_key(key)
+    cache: dict[str, int] = {}
+    blake = hashlib.blake2b
+    for token in set(tokens):
+        cache[token] = int.from_bytes(blake(token.encode(), key=key, digest_size=8).digest(), "little")
+    return np.fromiter(map(cache.__getitem__, tokens), dtype=np.uint64, count=len(tokens))
+
+
+def fmix64(x: U64) -> U64:
+    """MurmurHash3's 64-bit finaliser, so low bits are as good as high ones (sampling uses them)."""
+    x = x ^ (x >> _SHIFT)
+    x = x * _FMIX_1
+    x = x ^ (x >> _SHIFT)
+    x = x * _FMIX_2
+    return x ^ (x >> _SHIFT)
+
+
+def shingle_hashes(tokens: U64, n: int) -> U64:
+    """h[i] = fmix64(sum of tokens[i + j] * M^(n - 1 - j)) mod 2^64, for every n-token shingle."""
+    count = len(tokens) - n + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        acc = tokens[:count].copy()
+        for j in range(1, n):
+            acc *= SHINGLE_MULTIPLIER
+            acc += tokens[j : j + count]
+        return fmix64(acc)
+
+
+def winnow(hashes: U64, w: int) -> npt.NDArray[np.int64]:
+    """Positions of the rightmost minimum of every window of ``w`` hashes, ascending and unique.
+
+    A text shorter than one window keeps the rightmost minimum of all its hashes.
+    """
+    if len(hashes) == 0:
+        return np.empty(0, dtype=np.int64)
+    w = min(w, len(hashes))
+    windows = np.lib.stride_tricks.sliding_window_view(hashes, w)[:, ::-1]
+    chosen = np.arange(len(windows)) + (w - 1 - np.argmin(windows, axis=1))
+    return np.unique(chosen)
+
+
+def fingerprint_text(text: str, key: bytes, params: Params = Params()) -> Fingerprints:
+    tokens = tokenize(text)
+    hashes = shingle_hashes(token_hashes(tokens, key), params.n)
+    positions = winnow(hashes, params.w)
+    values = hashes[positions]
+    if params.sample_mod > 1:
+        keep = (positions < params.sample_after) | (values % np.uint64(params.sample_mod) == 0)
+        positions, values = positions[keep], values[keep]
+    return Fingerprints(values=values, offsets=positions.astype(np.uint32), token_count=len(tokens))

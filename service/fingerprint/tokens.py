@@ -1,0 +1,86 @@
+"""Normalisation and tokenisation, the part of the scheme that decides what counts as "the same text".
+
+Both sides of a leak must produce the same tokens for the same words whatever the casing, width,
+punctuation or spacing, so normalisation is NFKC, full case folding, NFKC again. Words are runs
+of letters, digits and combining marks; scripts written without spaces (Han, kana, Thai, Lao,
+Khmer, Myanmar) give one token per character so a leaked Japanese sentence still shingles.
+
+The character classes are built once from ``unicodedata`` into a single ``re`` pattern: the
+tokeniser then runs in C, which is what lets the SDK reach millions of tokens per second.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+# Scripts written without spaces between words: every letter, digit or mark in these ranges is
+# a token on its own. Inclusive code point ranges; kept in step with docs/fingerprint-spec.md.
+SOLO_RANGES: tuple[tuple[int, int], ...] = (
+    (0x0E00, 0x0EFF),  # Thai, Lao
+    (0x1000, 0x109F),  # Myanmar
+    (0x1780, 0x17FF),  # Khmer
+    (0x3040, 0x30FF),  # Hiragana, Katakana
+    (0x31F0, 0x31FF),  # Katakana phonetic extensions
+    (0x3400, 0x4DBF),  # CJK unified ideographs extension A
+    (0x4E00, 0x9FFF),  # CJK unified ideographs
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0x20000, 0x3FFFF),  # CJK extensions B onwards (planes 2 and 3)
+)
+
+UNICODE_VERSION = unicodedata.unidata_version
+
+
+def _ranges(mask: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
+    return [(int(lo), int(hi) - 1) for lo, hi in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def _char_class(ranges: list[tuple[int, int]]) -> str:
+    def esc(cp: int) -> str:
+        return f"\\U{cp:08x}"
+
+    return "".join(esc(lo) if lo == hi else f"{esc(lo)}-{esc(hi)}" for lo, hi in ranges)
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+@lru_cache(maxsize=1)
+def _token_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """Two equivalent tokenisers: one for text within the Basic Multilingual Plane, one for all.
+
+    ``re`` matches a class of BMP ranges with a bitmap but scans astral ranges one by one,
+    which is ten times slower, so the full pattern is kept for text that needs it.
+    """
+    category = unicodedata.category
+    count = sys.maxunicode + 1
+    word = np.fromiter((category(chr(cp))[0] in "LNM" for cp in range(count)), bool, count)
+    solo = np.zeros(count, dtype=bool)
+    for lo, hi in SOLO_RANGES:
+        solo[lo : hi + 1] = True
+    bmp = np.arange(count) < 0x10000
+    solo_bmp = _char_class(_ranges(word & solo & bmp))
+    run_bmp = _char_class(_ranges(word & ~solo & bmp))
+    solo_astral = _char_class(_ranges(word & solo & ~bmp))
+    run_astral = _char_class(_ranges(word & ~solo & ~bmp))
+    fast = re.compile(f"[{solo_bmp}]|[{run_bmp}]+")
+    full = re.compile(f"[{solo_bmp}]|[{solo_astral}]|(?:[{run_bmp}]|[{run_astral}])+")
+    return fast, full
+
+
+def normalize(text: str) -> str:
+    """NFKC, full case folding, NFKC: folding can leave text that is no longer NFKC."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+
+
+def tokenize(text: str) -> list[str]:
+    """The tokens of ``text`` after normalisation, in order."""
+    fast, full = _token_patterns()
+    normal = normalize(text)
+    return (full if _ASTRAL.search(normal) else fast).findall(normal)

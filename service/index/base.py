@@ -1,0 +1,119 @@
+"""The index contract: what the matcher needs from a store of recent fingerprints.
+
+Two backends implement it, Redis (``redis_index.py``) for deployments and an in-process one
+(``memory.py``) for the embedded default; ``tests/test_index_contract.py`` holds both to it.
+
+Per fingerprint the index keeps, within the retention window, one entry per tenant that used
+it: the tenant, the first document (prompt or response) it was seen in, its token offset there,
+and whether the tenant had it in a prompt, a response or both. Once ``common_tenants`` distinct
+tenants used a fingerprint it becomes *common* (shared boilerplate) and its entries are dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+
+class Kind(enum.IntFlag):
+    PROMPT = 1
+    RESPONSE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    """One text of one exchange, as indexed: refs instead of names, fingerprints as arrays."""
+
+    ref: int
+    tenant: int
+    kind: Kind
+    values: npt.NDArray[np.uint64]
+    offsets: npt.NDArray[np.uint32]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    tenant: int
+    doc: int
+    offset: int
+    kinds: Kind
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """``batch_pos``-th incoming doc shares ``count`` fingerprints with ``other``'s entries.
+
+    Fingerprints that are common, or that the would-be recipient has in a prompt of its own,
+    are not counted. The matcher decides from ``other.kinds`` which side may be the leak.
+    """
+
+    batch_pos: int
+    other: Entry
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What the index holds for one fingerprint: ``None`` entries means common."""
+
+    entries: tuple[Entry, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DocMeta:
+    """What the matcher needs to report a document without ever holding its text."""
+
+    tenant: str
+    request_id: str
+    kind: Kind
+    model: str
+    ts: float
+    token_count: int
+    context: dict[str, str | int | float | bool | None]
+    # Kept for responses only, so a late-arriving source can re-check an earlier response.
+    values: npt.NDArray[np.uint64] | None = None
+    offsets: npt.NDArray[np.uint32] | None = None
+
+
+class Index(Protocol):
+    """Every method is one bounded batch of work, never a round trip per fingerprint."""
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def tenant_refs(self, names: list[str]) -> dict[str, int]:
+        """Small integer ids for tenant names, created on first use, stable forever."""
+        ...
+
+    async def new_doc_refs(self, count: int) -> int:
+        """The first of ``count`` fresh, never reused document refs."""
+        ...
+
+    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None: ...
+
+    async def get_docs(self, ns: str, refs: list[int]) -> dict[int, DocMeta]:
+        """Metadata of documents still within the retention window; missing ones are left out."""
+        ...
+
+    async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
+        """Index ``docs`` in order and report what each shares with other tenants' entries.
+
+        Docs are inserted one after the other, so a batch that holds both sides of a leak
+        reports it, and so does a batch whose other side was indexed earlier by anyone.
+        """
+        ...
+
+    async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
+        """Read-only view of ``values``, one ``Lookup`` per value in order."""
+        ...
+
+    async def done(self, keys: list[str], now: float) -> list[bool]:
+        """For idempotency: which of ``keys`` were marked done within the window."""
+        ...
+
+    async def mark_done(self, keys: list[str], now: float) -> None: ...

@@ -1,0 +1,90 @@
+"""Turn a validated batch into arrays, checking what pydantic cannot: sizes and consistency.
+
+Errors name the field (``exchanges[3].prompt.offsets``) and the rule, never the values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import Invalid, PayloadTooLarge
+from service.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
+from service.ingest.schemas import Batch, Exchange, Text
+
+MAX_META_FIELDS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_exchanges: int
+    max_fingerprints: int
+    max_future_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    values: npt.NDArray[np.uint64]
+    offsets: npt.NDArray[np.uint32]
+    token_count: int
+
+
+def _array(value: str | list[int], dtype: np.dtype[np.unsignedinteger], where: str) -> npt.NDArray[np.unsignedinteger]:
+    if isinstance(value, list):
+        return np.array(value, dtype=dtype.newbyteorder("="))
+    try:
+        return decode(value, dtype)
+    except EncodingError as exc:
+        raise Invalid(f"{where} {exc}") from None
+
+
+def decode_text(text: Text, where: str, limits: Limits) -> Decoded:
+    values = _array(text.fingerprints, U64_LE, f"{where}.fingerprints").astype(np.uint64)
+    offsets = _array(text.offsets, U32_LE, f"{where}.offsets").astype(np.uint32)
+    if len(values) > limits.max_fingerprints:
+        raise PayloadTooLarge(
+            f"{where}.fingerprints: {len(values)} fingerprints, more than the limit of {limits.max_fingerprints} "
+            "(BLEEDWATCH_MAX_FINGERPRINTS_PER_TEXT); enable sampling in the SDK for long texts"
+        )
+    if len(values) != len(offsets):
+        raise Invalid(f"{where}: {len(values)} fingerprints but {len(offsets)} offsets; they must pair up")
+    if len(offsets) and int(offsets[-1]) >= max(text.token_count, 1):
+        raise Invalid(f"{where}.offsets: an offset is not below token_count ({text.token_count})")
+    if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
+        raise Invalid(f"{where}.offsets: offsets must be strictly increasing, as winnowing produces them")
+    return Decoded(values, offsets, text.token_count)
+
+
+def check_batch(batch: Batch, limits: Limits, now: float) -> None:
+    if len(batch.exchanges) > limits.max_exchanges:
+        raise PayloadTooLarge(
+            f"exchanges: {len(batch.exchanges)} in one batch, more than the limit of {limits.max_exchanges} "
+            "(BLEEDWATCH_MAX_BATCH_EXCHANGES); split the batch"
+        )
+    seen: set[tuple[str, str]] = set()
+    for i, ex in enumerate(batch.exchanges):
+        key = (ex.tenant, ex.request_id)
+        if key in seen:
+            raise Invalid(f"exchanges[{i}]: request_id repeats an earlier exchange of the same tenant in this batch")
+        seen.add(key)
+        if ex.ts.tzinfo is None:
+            raise Invalid(f"exchanges[{i}].ts: give a timezone (e.g. 2026-12-02T10:00:00Z) or epoch seconds")
+        if ex.ts.timestamp() > now + limits.max_future_seconds:
+            raise Invalid(
+                f"exchanges[{i}].ts: more than {limits.max_future_seconds} s in the future; check the gateway clock"
+            )
+        extra = ex.meta.model_extra or {}
+        if len(extra) > MAX_META_FIELDS:
+            raise Invalid(f"exchanges[{i}].meta: more than {MAX_META_FIELDS} extra fields")
+        for name, value in extra.items():
+            if not isinstance(value, str | int | float | bool | None) or (isinstance(value, str) and len(value) > 256):
+                raise Invalid(f"exchanges[{i}].meta.{name[:64]}: extra fields must be scalars (strings up to 256 chars)")
+
+
+def decode_exchange(ex: Exchange, i: int, limits: Limits) -> tuple[Decoded, Decoded]:
+    return (
+        decode_text(ex.prompt, f"exchanges[{i}].prompt", limits),
+        decode_text(ex.response, f"exchanges[{i}].response", limits),
+    )

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
+
+from service import metrics
+from service.auth.deps import require
+from service.auth.keys import Caller, Role
+from service.deps import Deps
+from service.errors import (
+    ApiError,
+    Forbidden,
+    Invalid,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+    UnsupportedMediaType,
+    responses,
+)
+from service.ingest.schemas import Batch, IngestResult
+
+router = APIRouter(prefix="/v1", tags=["ingest"])
+_batch = TypeAdapter(Batch)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit``."""
+    declared = request.headers.get("content-length")
+    too_large = PayloadTooLarge(f"request body over {limit} bytes (BLEEDWATCH_MAX_BODY_BYTES); split the batch")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "/exchanges",
+    status_code=202,
+    response_model=IngestResult,
+    summary="Ingest a batch of fingerprinted exchanges",
+    responses=responses(Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, Invalid, Unavailable),
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _batch.json_schema()}}}},
+)
+async def ingest_exchanges(
+    request: Request, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
+) -> IngestResult:
+    """Answered 202 only once every exchange is indexed and its findings are stored.
+
+    Idempotent on (tenant, request_id): a retried batch reports its exchanges as duplicates.
+    """
+    with metrics.INGEST_DURATION.time():
+        try:
+            content_type = request.headers.get("content-type", "")
+            if content_type.split(";")[0].strip().lower() != "application/json":
+                raise UnsupportedMediaType("send the batch as Content-Type: application/json")
+            body = await read_body(request, deps.settings.max_body_bytes)
+            metrics.INGEST_BYTES.inc(len(body))
+            try:
+                batch = _batch.validate_json(body)
+            except ValidationError as exc:
+                raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+            return await deps.ingestor.ingest(batch, caller)
+        except ApiError as exc:
+            metrics.INGEST_REJECTED.labels(exc.error).inc()
+            raise
+        except RequestValidationError:
+            metrics.INGEST_REJECTED.labels("invalid").inc()
+            raise

@@ -1,0 +1,59 @@
+"""The wire format of ``POST /v1/exchanges``; docs/api.md shows an example."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+Scalar = str | int | float | bool | None
+
+
+class Text(BaseModel):
+    """Fingerprints of one text: base64 of little-endian u64/u32 arrays, or JSON integer arrays."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprints: str | list[Annotated[int, Field(ge=0, lt=2**64)]]
+    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32)]]
+    token_count: int = Field(ge=0, lt=2**32)
+
+
+class Meta(BaseModel):
+    """Where the response was served. Extra scalar fields are kept as they are (up to 16)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
+    deployment: Label | None = None
+    node: Label | None = None
+
+
+class Exchange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Name
+    request_id: RequestId
+    model: Label = Field(min_length=1)
+    ts: datetime
+    key_id: KeyId
+    prompt: Text
+    response: Text
+    meta: Meta = Meta()
+
+
+class Batch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    exchanges: list[Exchange] = Field(min_length=1)
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(description="Exchanges indexed and matched by this call.")
+    duplicates: int = Field(description="Exchanges already ingested earlier (same tenant and request id).")
+    findings: int = Field(description="Findings created or extended by this call.")

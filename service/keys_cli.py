@@ -1,0 +1,32 @@
+"""``bleedwatch keys``: straight on the database, so the first admin key needs no API."""
+
+from __future__ import annotations
+
+import argparse
+
+from service.auth.keys import Role, create_key, list_keys, revoke_key
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+
+
+async def run(args: argparse.Namespace) -> int:
+    settings = Settings()
+    engine = make_engine(settings)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            if args.keys_command == "create":
+                key, token = await create_key(session, args.name, Role(args.role), args.tenants)
+                print(f"created key {key.id} ({key.role}); the secret is shown once:\n{token}")
+            elif args.keys_command == "list":
+                for k in await list_keys(session):
+                    state = "revoked" if k.revoked_at else "active"
+                    used = k.last_used_at.isoformat() if k.last_used_at else "never"
+                    print(f"{k.id}  {k.role:<7} {state:<8} last used {used:<32} {k.name}")
+            elif not await revoke_key(session, args.key_id):
+                print(f"no active key {args.key_id}")
+                return 1
+            else:
+                print(f"revoked {args.key_id}")
+    finally:
+        await engine.dispose()
+    return 0

@@ -1,0 +1,97 @@
+"""``bleedwatch replay``: a JSON Lines traffic file through the SDK, as a gateway would send it.
+
+One exchange a line: ``{"ts", "tenant", "request_id", "model", "prompt", "response", "meta"}``,
+``ts`` in epoch seconds or ISO 8601.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from service.sdk.client import BleedwatchClient
+from service.sdk.exchange import fingerprint_exchange
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    sent: int
+    accepted: int
+    duplicates: int
+    findings: int
+    rate: float
+
+
+def read_traffic(path: str | Path) -> Iterator[dict[str, Any]]:
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            missing = {"ts", "tenant", "request_id", "model", "prompt", "response"} - record.keys()
+            if missing:
+                raise ValueError(f"{path}:{number}: missing {', '.join(sorted(missing))}")
+            yield record
+
+
+def _ts(value: Any) -> float | datetime:
+    return datetime.fromisoformat(value) if isinstance(value, str) else float(value)
+
+
+class Progress:
+    """A one-line progress bar on stderr when it is a terminal, a final line otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.tty = sys.stderr.isatty()
+
+    def update(self, done: int) -> None:
+        if self.tty:
+            width = 30
+            filled = width * done // max(self.total, 1)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+async def replay_records(
+    records: list[dict[str, Any]], *, url: str, api_key: str, key: bytes, batch_size: int = 200
+) -> ReplayResult:
+    start = time.perf_counter()
+    progress = Progress(len(records))
+    async with BleedwatchClient(url, api_key, batch_size=batch_size) as client:
+        for i, r in enumerate(records, 1):
+            await client.submit(
+                fingerprint_exchange(
+                    r["prompt"],
+                    r["response"],
+                    key=key,
+                    tenant=r["tenant"],
+                    request_id=r["request_id"],
+                    model=r["model"],
+                    ts=_ts(r["ts"]),
+                    meta=r.get("meta") or {},
+                )
+            )
+            progress.update(i)
+        await client.flush()
+    progress.close()
+    elapsed = time.perf_counter() - start
+    return ReplayResult(len(records), client.accepted, client.duplicates, client.findings, len(records) / elapsed)
+
+
+async def replay_file(path: str, *, url: str, api_key: str, key: bytes, batch_size: int = 200) -> ReplayResult:
+    return await replay_records(list(read_traffic(path)), url=url, api_key=api_key, key=key, batch_size=batch_size)
