@@ -38,17 +38,19 @@ def make_index(settings: Settings) -> Index:
     window = Window(settings.retention_seconds, settings.index_generations)
     if settings.redis_url is None:
         return MemoryIndex(window, settings.common_tenants)
-    options = {
-        "socket_timeout": 5.0,
-        "socket_connect_timeout": 2.0,
-        "client_name": "bleedwatch",
-        "health_check_interval": 15,
-    }
     client: Redis | RedisCluster
     if settings.redis_cluster:
-        client = RedisCluster.from_url(settings.redis_url, **options)
+        client = RedisCluster.from_url(
+            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, client_name="bleedwatch"
+        )
     else:
-        client = Redis.from_url(settings.redis_url, **options)
+        client = Redis.from_url(
+            settings.redis_url,
+            socket_timeout=5.0,
+            socket_connect_timeout=2.0,
+            client_name="bleedwatch",
+            health_check_interval=15,
+        )
     return RedisIndex(client, Keys(settings.key_prefix), window, settings.common_tenants, settings.index_bucket_bits)
 
 

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from service.auth.keys import Role
 
@@ -18,8 +19,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = Settings()
     if settings.embedded and settings.workers > 1:
-        print("the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers",
-              file=sys.stderr)
+        print(
+            "the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers", file=sys.stderr
+        )
         return 2
     uvicorn.run(
         "service.app:create_app",
@@ -54,7 +56,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     key = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
     if args.key_file:
-        key = open(args.key_file).read().strip()
+        key = Path(args.key_file).read_text().strip()
     if not key:
         print("give the gateway's fingerprint key: --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)", file=sys.stderr)
         return 2
@@ -64,8 +66,10 @@ def _replay(args: argparse.Namespace) -> int:
     result = asyncio.run(
         replay_file(args.file, url=args.url, api_key=args.api_key, key=bytes.fromhex(key), batch_size=args.batch_size)
     )
-    print(f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
-          f"{result.findings} findings, {result.rate:,.0f} exchanges/s")
+    print(
+        f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
+        f"{result.findings} findings, {result.rate:,.0f} exchanges/s"
+    )
     return 0
 
 

@@ -14,9 +14,7 @@ EXCHANGES_INGESTED = Counter("bleedwatch_exchanges_ingested_total", "Exchanges i
 # Exchanges skipped because the same (tenant, request id) was already ingested.
 EXCHANGES_DUPLICATE = Counter("bleedwatch_exchanges_duplicate_total", "Exchanges already ingested before.")
 # Fingerprints indexed, by text kind.
-FINGERPRINTS_INGESTED = Counter(
-    "bleedwatch_fingerprints_ingested_total", "Fingerprints indexed.", ["kind"]
-)
+FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Fingerprints indexed.", ["kind"])
 # Request bodies received on the ingest endpoint.
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
 # Batches refused, by reason (too_large, invalid, forbidden, unavailable).

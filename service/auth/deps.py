@@ -23,7 +23,7 @@ def require(*roles: Role) -> Callable[[Request], Awaitable[Caller]]:
                 "send an API key as 'Authorization: Bearer bw_...'; create one with 'bleedwatch keys create'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        caller = await request.app.state.deps.keys.verify(token.strip())
+        caller: Caller | None = await request.app.state.deps.keys.verify(token.strip())
         if caller is None:
             raise Unauthorized("the API key is unknown or revoked", headers={"WWW-Authenticate": "Bearer"})
         if caller.role not in allowed:

@@ -53,9 +53,7 @@ async def create_key(
     """Returns the stored key and the full token, which is never retrievable again."""
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    key = ApiKey(
-        id=key_id, name=name, role=role.value, secret_hash=_hash(secret), tenants=tenants, created_at=utcnow()
-    )
+    key = ApiKey(id=key_id, name=name, role=role.value, secret_hash=_hash(secret), tenants=tenants, created_at=utcnow())
     session.add(key)
     await session.flush()
     return key, f"bw_{key_id}_{secret}"

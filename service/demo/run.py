@@ -47,25 +47,30 @@ async def _keys(settings: Settings) -> tuple[str, str]:
 
 def _print_finding(f: dict[str, Any]) -> None:
     print(f"  finding {f['id']}  severity {f['severity']}  score {f['score']:.2f}")
-    print(f"    {f['source_tenant']}'s content reached {f['recipient_tenant']} "
-          f"in response {f['recipient_request_id']}")
-    print(f"    source requests {', '.join(f['source_request_ids'])}; model {f['model']}, "
-          f"deployment {f['deployment']}, node {f['node']}, prompt {f['prompt_tokens']} tokens")
+    print(f"    {f['source_tenant']}'s content reached {f['recipient_tenant']} in response {f['recipient_request_id']}")
+    print(
+        f"    source requests {', '.join(f['source_request_ids'])}; model {f['model']}, "
+        f"deployment {f['deployment']}, node {f['node']}, prompt {f['prompt_tokens']} tokens"
+    )
     print(f"    {f['matched_fingerprints']} fingerprints matched, longest run {f['longest_run_words']} words")
     for src in f["evidence"]["sources"]:
         for r in src["ranges"]:
-            print(f"    words {r['response'][0]}-{r['response'][1]} of the response = words "
-                  f"{r['source'][0]}-{r['source'][1]} of {src['tenant']}'s {r['source_kind']} {r['source_request_id']}")
+            print(
+                f"    words {r['response'][0]}-{r['response'][1]} of the response = words "
+                f"{r['source'][0]}-{r['source'][1]} of {src['tenant']}'s {r['source_kind']} {r['source_request_id']}"
+            )
 
 
 def run_demo(*, keep: bool = False) -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="bleedwatch-demo-"))
-    settings = Settings(redis_url=None, database_url=None, data_dir=data_dir, port=_free_port(),
-                        api_key_cache_seconds=10.0)
+    settings = Settings(
+        redis_url=None, database_url=None, data_dir=data_dir, port=_free_port(), api_key_cache_seconds=10.0
+    )
     upgrade(settings)
     ingest_key, read_key = asyncio.run(_keys(settings))
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -78,11 +83,14 @@ def run_demo(*, keep: bool = False) -> int:
         url = f"http://127.0.0.1:{settings.port}"
         records = sample(time.time() - 60)
         print(f"bleedwatch demo: embedded index + SQLite in {data_dir}, API on {url}")
-        print(f"replaying {len(records)} exchanges from 4 tenants (shared system prompt, a self-echo, one leak;"
-              " the leaked response is sent before its source)")
+        print(
+            f"replaying {len(records)} exchanges from 4 tenants (shared system prompt, a self-echo, one leak;"
+            " the leaked response is sent before its source)"
+        )
         # Two exchanges a batch, so the leak and its source arrive in different requests.
-        result = asyncio.run(replay_records(records, url=url, api_key=ingest_key, key=secrets.token_bytes(32),
-                                            batch_size=2))
+        result = asyncio.run(
+            replay_records(records, url=url, api_key=ingest_key, key=secrets.token_bytes(32), batch_size=2)
+        )
         print(f"sent {result.sent}: {result.accepted} accepted, {result.findings} findings")
         found = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read_key}"}).json()["items"]
         print(f"GET /v1/findings -> {len(found)} finding(s)")

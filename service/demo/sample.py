@@ -40,8 +40,11 @@ def sample(base_ts: float) -> list[dict[str, Any]]:
     leaked = " ".join(_words(argparse.__doc__)[60 : 60 + LEAK_WORDS])
     globex_answer = " ".join(_words(csv.__doc__)[:120]) + " " + leaked + " " + " ".join(_words(heapq.__doc__)[:80])
     initech_prompt = " ".join(_words(socket.__doc__))
-    initech_answer = "As your text says: " + " ".join(_words(socket.__doc__)[40:100]) + " " + " ".join(
-        _words(unittest.__doc__)[150:210]
+    initech_answer = (
+        "As your text says: "
+        + " ".join(_words(socket.__doc__)[40:100])
+        + " "
+        + " ".join(_words(unittest.__doc__)[150:210])
     )
     node = {"deployment": "pd-disagg-eu-1", "node": "decode-07"}
 

@@ -29,14 +29,16 @@ async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tupl
         now = utcnow()
         values = asdict(draft) | {"detected_at": now, "updated_at": now}
         stmt = insert(Finding).values(**values)
-        changes = {k: stmt.excluded[k] for k in values if k not in ("detected_at", "recipient_tenant", "recipient_request_id")}
-        stmt = stmt.on_conflict_do_update(
+        changes = {
+            k: stmt.excluded[k] for k in values if k not in ("detected_at", "recipient_tenant", "recipient_request_id")
+        }
+        upsert_stmt = stmt.on_conflict_do_update(
             index_elements=["recipient_tenant", "recipient_request_id"],
             set_=changes,
             where=(stmt.excluded.matched_fingerprints > Finding.matched_fingerprints)
             | (stmt.excluded.longest_run_words > Finding.longest_run_words),
         ).returning(Finding.id, Finding.detected_at, Finding.updated_at)
-        row = (await session.execute(stmt)).one_or_none()
+        row = (await session.execute(upsert_stmt)).one_or_none()
         if row is not None:
             ids.append((draft, row.id, row.detected_at == row.updated_at))
     return ids
@@ -67,7 +69,7 @@ def decode_cursor(cursor: str) -> int:
         raise Invalid("cursor: not a cursor returned by this endpoint; start again without it") from None
 
 
-def _filtered(f: FindingFilter) -> Select[tuple[Finding]]:
+def _filtered(f: FindingFilter) -> Select[Finding]:
     q = select(Finding)
     if f.since is not None:
         q = q.where(Finding.detected_at >= f.since)

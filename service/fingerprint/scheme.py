@@ -59,6 +59,9 @@ class Params:
         return self.n + self.w - 1
 
 
+DEFAULT_PARAMS = Params()
+
+
 @dataclass(frozen=True, slots=True)
 class Fingerprints:
     values: U64
@@ -129,7 +132,7 @@ def winnow(hashes: U64, w: int) -> npt.NDArray[np.int64]:
     return np.unique(chosen)
 
 
-def fingerprint_text(text: str, key: bytes, params: Params = Params()) -> Fingerprints:
+def fingerprint_text(text: str, key: bytes, params: Params = DEFAULT_PARAMS) -> Fingerprints:
     tokens = tokenize(text)
     hashes = shingle_hashes(token_hashes(tokens, key), params.n)
     positions = winnow(hashes, params.w)

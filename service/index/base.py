@@ -24,6 +24,10 @@ class Kind(enum.IntFlag):
     RESPONSE = 2
 
 
+def kind_name(kind: Kind) -> str:
+    return "response" if kind & Kind.RESPONSE else "prompt"
+
+
 @dataclass(frozen=True, slots=True)
 class Doc:
     """One text of one exchange, as indexed: refs instead of names, fingerprints as arrays."""

@@ -145,14 +145,19 @@ class RedisIndex:
             part["pos"], part["tenant"], part["doc"], part["kind"] = pos, doc.tenant, doc.ref, int(doc.kind)
             part["value"], part["offset"] = doc.values, doc.offsets
             start += len(doc.values)
-        common_args = [self._window.current(now), self._window.generations, self._window.ttl_seconds,
-                       self._common, self._bucket_bits]
+        common_args = [
+            self._window.current(now),
+            self._window.generations,
+            self._window.ttl_seconds,
+            self._common,
+            self._bucket_bits,
+        ]
         replies = await self._per_shard(ns, records, self._insert, common_args)
         hits = []
         for reply in replies:
             for i in range(0, len(reply), 6):
-                pos, tenant, doc, offset, kinds, count = (int(x) for x in reply[i : i + 6])
-                hits.append(Hit(pos, Entry(tenant, doc, offset, Kind(kinds)), count))
+                pos, tenant, ref, offset, kinds, count = (int(x) for x in reply[i : i + 6])
+                hits.append(Hit(pos, Entry(tenant, ref, offset, Kind(kinds)), count))
         return hits
 
     async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
@@ -172,8 +177,9 @@ class RedisIndex:
                     continue
                 flat = [int(x) for x in reply[i : i + 4 * count]]
                 i += 4 * count
-                out[pos] = Lookup(tuple(Entry(flat[j], flat[j + 1], flat[j + 2], Kind(flat[j + 3]))
-                                        for j in range(0, len(flat), 4)))
+                out[pos] = Lookup(
+                    tuple(Entry(flat[j], flat[j + 1], flat[j + 2], Kind(flat[j + 3])) for j in range(0, len(flat), 4))
+                )
         return out
 
     async def _per_shard(self, ns: str, records: npt.NDArray[Any], script: Any, args: list[int]) -> list[list[Any]]:

@@ -80,7 +80,9 @@ def check_batch(batch: Batch, limits: Limits, now: float) -> None:
             raise Invalid(f"exchanges[{i}].meta: more than {MAX_META_FIELDS} extra fields")
         for name, value in extra.items():
             if not isinstance(value, str | int | float | bool | None) or (isinstance(value, str) and len(value) > 256):
-                raise Invalid(f"exchanges[{i}].meta.{name[:64]}: extra fields must be scalars (strings up to 256 chars)")
+                raise Invalid(
+                    f"exchanges[{i}].meta.{name[:64]}: extra fields must be scalars (strings up to 256 chars)"
+                )
 
 
 def decode_exchange(ex: Exchange, i: int, limits: Limits) -> tuple[Decoded, Decoded]:

@@ -47,7 +47,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     response_model=IngestResult,
     summary="Ingest a batch of fingerprinted exchanges",
     responses=responses(Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, Invalid, Unavailable),
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _batch.json_schema()}}}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _batch.json_schema()}}}
+    },
 )
 async def ingest_exchanges(
     request: Request, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]

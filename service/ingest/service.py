@@ -18,8 +18,8 @@ from service.auth.keys import Caller
 from service.db import session_scope
 from service.errors import Forbidden
 from service.findings import store
-from service.index.base import Doc, DocMeta, Index, Kind
-from service.ingest.decode import Limits, check_batch, decode_exchange
+from service.index.base import Doc, DocMeta, Index, Kind, kind_name
+from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
 from service.ingest.schemas import Batch, Exchange, IngestResult
 from service.matching.matcher import Matcher
 
@@ -55,7 +55,7 @@ class Ingestor:
         return IngestResult(accepted=accepted, duplicates=duplicates, findings=findings)
 
     async def _ingest_group(
-        self, ns: str, batch: Batch, decoded: list, positions: list[int], now: float
+        self, ns: str, batch: Batch, decoded: list[tuple[Decoded, Decoded]], positions: list[int], now: float
     ) -> tuple[int, int, int]:
         exchanges = [batch.exchanges[i] for i in positions]
         keys = [_idempotency_key(ex) for ex in exchanges]
@@ -101,5 +101,5 @@ class Ingestor:
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)
         metrics.EXCHANGES_INGESTED.inc(len(fresh))
         for doc in docs:
-            metrics.FINGERPRINTS_INGESTED.labels(doc.kind.name.lower()).inc(len(doc.values))
+            metrics.FINGERPRINTS_INGESTED.labels(kind_name(doc.kind)).inc(len(doc.values))
         return len(fresh), duplicates, created

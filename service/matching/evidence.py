@@ -63,7 +63,9 @@ def runs(matches: list[Match], t: Thresholds) -> list[Run]:
         ms.sort(key=lambda m: m.response_offset)
         group: list[Match] = []
         for m in ms:
-            if group and (m.response_offset - group[-1].response_offset > t.w or m.source_offset < group[-1].source_offset):
+            if group and (
+                m.response_offset - group[-1].response_offset > t.w or m.source_offset < group[-1].source_offset
+            ):
                 out.append(_run(doc, group, t.n))
                 group = []
             group.append(m)

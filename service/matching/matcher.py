@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from service.index.base import Doc, DocMeta, Hit, Index, Kind
+from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
 from service.matching.evidence import (
     Match,
+    Run,
     Thresholds,
     coverage,
     is_finding,
@@ -79,7 +80,8 @@ class Matcher:
         return drafts
 
     async def _evaluate(self, ns: str, recipient: int, meta: DocMeta, now: float) -> FindingDraft | None:
-        assert meta.values is not None and meta.offsets is not None
+        assert meta.values is not None
+        assert meta.offsets is not None
         t = self._t
         by_source: dict[int, list[Match]] = {}
         lookups = await self._index.lookup(ns, meta.values, now)
@@ -101,52 +103,79 @@ class Matcher:
             return None
         scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
         source_docs = await self._index.get_docs(ns, sorted({r.source_doc for s in scored for r in s[3]}))
-        sources = []
-        for matched, longest, _, found_runs in scored:
-            docs_of_source = [source_docs[r.source_doc] for r in found_runs if r.source_doc in source_docs]
-            if not docs_of_source:
-                continue  # every source doc aged out between lookup and now
-            sources.append(
-                {
-                    "tenant": docs_of_source[0].tenant,
-                    "matched_fingerprints": matched,
-                    "longest_run_words": longest,
-                    "coverage": round(coverage(found_runs, meta.token_count), 4),
-                    "ranges": [
-                        {
-                            "response": [r.start, r.end],
-                            "source_request_id": source_docs[r.source_doc].request_id,
-                            "source_kind": source_docs[r.source_doc].kind.name.lower(),
-                            "source": [r.source_start, r.source_end],
-                            "fingerprints": r.fingerprints,
-                        }
-                        for r in found_runs
-                        if r.source_doc in source_docs
-                    ],
-                }
-            )
+        sources = [
+            summary
+            for matched, longest, _, found_runs in scored
+            if (summary := _summarise(matched, longest, found_runs, source_docs, meta.token_count)) is not None
+        ]
         if not sources:
-            return None
+            return None  # every source doc aged out between lookup and now
         top = sources[0]
         ctx = meta.context
         return FindingDraft(
             key_id=ns,
             recipient_tenant=meta.tenant,
             recipient_request_id=meta.request_id,
-            source_tenant=top["tenant"],
-            source_request_ids=sorted({r["source_request_id"] for r in top["ranges"]}),
+            source_tenant=top.tenant,
+            source_request_ids=top.request_ids,
             response_at=datetime.fromtimestamp(meta.ts, UTC),
             model=meta.model,
             deployment=_str(ctx.get("deployment")),
             node=_str(ctx.get("node")),
             prompt_tokens=_int(ctx.get("prompt_tokens")),
             response_tokens=meta.token_count,
-            matched_fingerprints=top["matched_fingerprints"],
-            longest_run_words=top["longest_run_words"],
-            score=top["coverage"],
-            severity=severity(top["longest_run_words"], t),
-            evidence={"scheme": {"n": t.n, "w": t.w}, "sources": sources},
+            matched_fingerprints=top.matched,
+            longest_run_words=top.longest,
+            score=top.coverage,
+            severity=severity(top.longest, t),
+            evidence={"scheme": {"n": t.n, "w": t.w}, "sources": [src.as_json() for src in sources]},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSummary:
+    tenant: str
+    matched: int
+    longest: int
+    coverage: float
+    request_ids: list[str]
+    ranges: list[dict[str, Any]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "request_ids": self.request_ids,
+            "matched_fingerprints": self.matched,
+            "longest_run_words": self.longest,
+            "coverage": self.coverage,
+            "ranges": self.ranges,
+        }
+
+
+def _summarise(
+    matched: int, longest: int, found: list[Run], docs: dict[int, DocMeta], response_tokens: int
+) -> SourceSummary | None:
+    kept = [r for r in found if r.source_doc in docs]
+    if not kept:
+        return None
+    ranges = [
+        {
+            "response": [r.start, r.end],
+            "source_request_id": docs[r.source_doc].request_id,
+            "source_kind": kind_name(docs[r.source_doc].kind),
+            "source": [r.source_start, r.source_end],
+            "fingerprints": r.fingerprints,
+        }
+        for r in kept
+    ]
+    return SourceSummary(
+        tenant=docs[kept[0].source_doc].tenant,
+        matched=matched,
+        longest=longest,
+        coverage=round(coverage(found, response_tokens), 4),
+        request_ids=sorted({docs[r.source_doc].request_id for r in kept}),
+        ranges=ranges,
+    )
 
 
 def _str(value: object) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from service.fingerprint.scheme import Params
+from service.fingerprint.scheme import DEFAULT_PARAMS, Params
 from service.sdk.exchange import Scalar, fingerprint_exchange
 
 log = logging.getLogger("bleedwatch.sdk")
@@ -121,7 +121,7 @@ class BleedwatchClient:
         model: str,
         ts: float | None = None,
         meta: dict[str, Scalar] | None = None,
-        params: Params = Params(),
+        params: Params = DEFAULT_PARAMS,
     ) -> None:
         """Fingerprint in a worker thread, so the gateway's event loop never waits on hashing."""
         exchange = await asyncio.to_thread(

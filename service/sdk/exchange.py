@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.fingerprint.encoding import U32_LE, U64_LE, encode
-from service.fingerprint.scheme import Fingerprints, Params, fingerprint_text, key_id
+from service.fingerprint.scheme import DEFAULT_PARAMS, Fingerprints, Params, fingerprint_text, key_id
 
 Scalar = str | int | float | bool | None
 
@@ -30,7 +30,7 @@ def fingerprint_exchange(
     model: str,
     ts: float | datetime | None = None,
     meta: dict[str, Scalar] | None = None,
-    params: Params = Params(),
+    params: Params = DEFAULT_PARAMS,
 ) -> dict[str, Any]:
     """One element of ``POST /v1/exchanges``'s ``exchanges`` list.
 
