@@ -49,14 +49,17 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """``batch_pos``-th incoming doc shares ``count`` fingerprints with ``other``'s entries.
+    """The ``batch_pos``-th incoming doc shares ``count`` fingerprints with entries of another
+    tenant whose first doc is ``doc``.
 
     Fingerprints that are common, or that the would-be recipient has in a prompt of its own,
-    are not counted. The matcher decides from ``other.kinds`` which side may be the leak.
+    are not counted. The matcher decides from ``kinds`` which side may be the leak.
     """
 
     batch_pos: int
-    other: Entry
+    tenant: int
+    doc: int
+    kinds: Kind
     count: int
 
 
@@ -100,7 +103,7 @@ class Index(Protocol):
 
     async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None: ...
 
-    async def get_docs(self, ns: str, refs: list[int]) -> dict[int, DocMeta]:
+    async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         """Metadata of documents still within the retention window; missing ones are left out."""
         ...
 

@@ -48,7 +48,8 @@ class MemoryIndex:
             self._docs[(ns, ref)] = (gen, meta)
         self._expire(now)
 
-    async def get_docs(self, ns: str, refs: list[int]) -> dict[int, DocMeta]:
+    async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
+        self._expire(now)
         return {ref: self._docs[(ns, ref)][1] for ref in refs if (ns, ref) in self._docs}
 
     def _merged(self, ns: str, value: int, gens: Iterable[int]) -> dict[int, Entry] | None:
@@ -69,7 +70,7 @@ class MemoryIndex:
         self._expire(now)
         gens = self._window.live(now)
         current = self._tables.setdefault((ns, self._window.current(now)), {})
-        counts: dict[tuple[int, Entry], int] = {}
+        counts: dict[tuple[int, int, int, Kind], int] = {}
         for pos, doc in enumerate(docs):
             for value, offset in zip(doc.values.tolist(), doc.offsets.tolist(), strict=True):
                 merged = self._merged(ns, value, gens)
@@ -79,7 +80,8 @@ class MemoryIndex:
                 mine = merged.get(doc.tenant)
                 for tenant, other in merged.items():
                     if tenant != doc.tenant and _counts(doc, mine, other):
-                        counts[(pos, other)] = counts.get((pos, other), 0) + 1
+                        key = (pos, tenant, other.doc, other.kinds)
+                        counts[key] = counts.get(key, 0) + 1
                 entries = current.get(value) or {}
                 if doc.tenant not in merged and len(merged) + 1 >= self._common:
                     current[value] = None
@@ -91,7 +93,7 @@ class MemoryIndex:
                     else Entry(doc.tenant, old.doc, old.offset, old.kinds | doc.kind)
                 )
                 current[value] = entries
-        return [Hit(pos, other, count) for (pos, other), count in counts.items()]
+        return [Hit(*key, count) for key, count in counts.items()]
 
     async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         gens = self._window.live(now)

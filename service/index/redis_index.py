@@ -49,9 +49,10 @@ def _shard_of(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return values >> np.uint64(64 - SHARD_BITS)
 
 
-def encode_doc(meta: DocMeta) -> bytes:
+def encode_doc(meta: DocMeta, generation: int) -> bytes:
     head = orjson.dumps(
         {
+            "gen": generation,
             "tenant": meta.tenant,
             "request_id": meta.request_id,
             "kind": int(meta.kind),
@@ -66,7 +67,7 @@ def encode_doc(meta: DocMeta) -> bytes:
     return struct.pack("<II", len(head), len(values) // 8) + head + values + offsets
 
 
-def decode_doc(raw: bytes) -> DocMeta:
+def decode_doc(raw: bytes) -> tuple[int, DocMeta]:
     head_len, count = struct.unpack_from("<II", raw)
     head = orjson.loads(raw[8 : 8 + head_len])
     body = 8 + head_len
@@ -74,7 +75,7 @@ def decode_doc(raw: bytes) -> DocMeta:
     if body < len(raw):
         values = np.frombuffer(raw, "<u8", count, body).astype(np.uint64)
         offsets = np.frombuffer(raw, "<u4", count, body + 8 * count).astype(np.uint32)
-    return DocMeta(
+    return head["gen"], DocMeta(
         tenant=head["tenant"],
         request_id=head["request_id"],
         kind=Kind(head["kind"]),
@@ -119,20 +120,27 @@ class RedisIndex:
     async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None:
         if not docs:
             return
-        ttl = self._window.ttl_seconds
+        ttl, gen = self._window.ttl_seconds, self._window.current(now)
         async with self._r.pipeline(transaction=False) as pipe:
             for ref, meta in docs.items():
-                pipe.set(self._keys.doc(ns, ref), encode_doc(meta), ex=ttl)
+                pipe.set(self._keys.doc(ns, ref), encode_doc(meta, gen), ex=ttl)
             await pipe.execute()
 
-    async def get_docs(self, ns: str, refs: list[int]) -> dict[int, DocMeta]:
+    async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         if not refs:
             return {}
         async with self._r.pipeline(transaction=False) as pipe:
             for ref in refs:
                 pipe.get(self._keys.doc(ns, ref))
             raws = await pipe.execute()
-        return {ref: decode_doc(raw) for ref, raw in zip(refs, raws, strict=True) if raw is not None}
+        oldest = self._window.live(now).start
+        out = {}
+        for ref, raw in zip(refs, raws, strict=True):
+            if raw is not None:
+                gen, meta = decode_doc(raw)
+                if gen >= oldest:  # the key's TTL is a backstop; the window decides
+                    out[ref] = meta
+        return out
 
     async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
         total = sum(len(d.values) for d in docs)
@@ -153,12 +161,12 @@ class RedisIndex:
             self._bucket_bits,
         ]
         replies = await self._per_shard(ns, records, self._insert, common_args)
-        hits = []
-        for reply in replies:
-            for i in range(0, len(reply), 6):
-                pos, tenant, ref, offset, kinds, count = (int(x) for x in reply[i : i + 6])
-                hits.append(Hit(pos, Entry(tenant, ref, offset, Kind(kinds)), count))
-        return hits
+        counts: dict[tuple[int, int, int, int], int] = {}
+        for reply in replies:  # one per shard: the same pair can show up in several
+            for i in range(0, len(reply), 5):
+                pos, tenant, ref, kinds, count = (int(x) for x in reply[i : i + 5])
+                counts[(pos, tenant, ref, kinds)] = counts.get((pos, tenant, ref, kinds), 0) + count
+        return [Hit(pos, tenant, ref, Kind(kinds), n) for (pos, tenant, ref, kinds), n in counts.items()]
 
     async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         out = [Lookup(())] * len(values)
@@ -199,13 +207,15 @@ class RedisIndex:
             return []
         async with self._r.pipeline(transaction=False) as pipe:
             for key in keys:
-                pipe.exists(self._keys.done(key))
-            return [bool(n) for n in await pipe.execute()]
+                pipe.get(self._keys.done(key))
+            oldest = self._window.live(now).start
+            return [raw is not None and int(raw) >= oldest for raw in await pipe.execute()]
 
     async def mark_done(self, keys: list[str], now: float) -> None:
         if not keys:
             return
         async with self._r.pipeline(transaction=False) as pipe:
+            gen = self._window.current(now)
             for key in keys:
-                pipe.set(self._keys.done(key), b"1", ex=self._window.ttl_seconds)
+                pipe.set(self._keys.done(key), gen, ex=self._window.ttl_seconds)
             await pipe.execute()

@@ -52,9 +52,9 @@ def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, 
         if doc.kind & Kind.RESPONSE:
             weight[doc.ref] = weight.get(doc.ref, 0) + hit.count
             recipient[doc.ref] = doc.tenant
-        if hit.other.kinds == Kind.RESPONSE:
-            weight[hit.other.doc] = weight.get(hit.other.doc, 0) + hit.count
-            recipient[hit.other.doc] = hit.other.tenant
+        if hit.kinds == Kind.RESPONSE:
+            weight[hit.doc] = weight.get(hit.doc, 0) + hit.count
+            recipient[hit.doc] = hit.tenant
     return {ref: recipient[ref] for ref, w in weight.items() if w >= min_matched}
 
 
@@ -68,7 +68,7 @@ class Matcher:
     ) -> list[FindingDraft]:
         wanted = candidates(docs, hits, self._t.min_matched)
         known = {ref: metas[ref] for ref in wanted if ref in metas}
-        known.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas]))
+        known.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
         drafts = []
         for ref, tenant_ref in sorted(wanted.items()):
             meta = known.get(ref)
@@ -102,7 +102,7 @@ class Matcher:
         if not scored:
             return None
         scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
-        source_docs = await self._index.get_docs(ns, sorted({r.source_doc for s in scored for r in s[3]}))
+        source_docs = await self._index.get_docs(ns, sorted({r.source_doc for s in scored for r in s[3]}), now)
         sources = [
             summary
             for matched, longest, _, found_runs in scored

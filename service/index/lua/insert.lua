@@ -9,7 +9,7 @@
 --          batch pos u32, tenant u32, doc u32, kind u8, fingerprint 8 bytes, offset u32
 -- Stored value per fingerprint: '*' once common, else 13-byte entries
 --          tenant u32, doc u32, offset u32, kinds u8 (1 prompt, 2 response)
--- Returns flat groups of six integers: batch pos, tenant, doc, offset, kinds, count.
+-- Returns flat groups of five integers: batch pos, other tenant, its first doc, its kinds, count.
 
 local base = KEYS[1]
 local cur = tonumber(ARGV[1])
@@ -57,10 +57,10 @@ for r = 1, #records, 25 do
       if t ~= tenant then
         local e = merged[t]
         if (kind == 2 and not self_prompt) or bit.band(e[3], 1) == 0 then
-          local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[2] .. ':' .. e[3]
+          local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
           local h = hits[hk]
-          if h then h[6] = h[6] + 1 else
-            hits[hk] = {pos, t, e[1], e[2], e[3], 1}
+          if h then h[5] = h[5] + 1 else
+            hits[hk] = {pos, t, e[1], e[3], 1}
             order[#order + 1] = hk
           end
         end
@@ -99,6 +99,6 @@ for key in pairs(touched) do redis.call('EXPIRE', key, ttl, 'NX') end
 local out = {}
 for _, hk in ipairs(order) do
   local h = hits[hk]
-  for i = 1, 6 do out[#out + 1] = h[i] end
+  for i = 1, 5 do out[#out + 1] = h[i] end
 end
 return out

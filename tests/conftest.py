@@ -1,0 +1,142 @@
+"""Shared fixtures: real Redis and PostgreSQL, isolated per run, and the embedded default.
+
+Every backend-facing test runs against both the embedded default and Redis + PostgreSQL.
+A run gets its own PostgreSQL schema (migrated once with Alembic) and its own Redis key
+prefix per test, so concurrent runs on one machine never see each other's data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import pytest
+import redis
+import httpx
+
+from service.app import create_app, make_index
+from service.auth.keys import Role, create_key
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.index.base import Index
+from service.migrate import upgrade
+
+REDIS_URL = os.environ.get("BLEEDWATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+DATABASE_URL = os.environ.get("BLEEDWATCH_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+RUN_ID = uuid.uuid4().hex[:10]
+_counter = itertools.count()
+
+BACKENDS = ["embedded", "redis+postgres"]
+
+
+def _with_schema(url: str, schema: str) -> str:
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    schema = f"bw_test_{RUN_ID}"
+    try:
+        admin = psycopg.connect(DATABASE_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {DATABASE_URL} ({exc}); start it or set BLEEDWATCH_TEST_DATABASE_URL")
+    admin.execute(f'CREATE SCHEMA "{schema}"')
+    url = _with_schema(DATABASE_URL, schema)
+    upgrade(Settings(database_url=url))
+    yield url
+    admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    admin.close()
+
+
+@pytest.fixture(scope="session")
+def redis_ok() -> None:
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc}); start it or set BLEEDWATCH_TEST_REDIS_URL")
+
+
+def _drop_prefix(prefix: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    batch = []
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            client.unlink(*batch)
+            batch = []
+    if batch:
+        client.unlink(*batch)
+    client.close()
+
+
+def _truncate(url: str) -> None:
+    with psycopg.connect(url.replace("postgresql://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute("TRUNCATE findings, api_keys RESTART IDENTITY")
+
+
+@pytest.fixture(params=BACKENDS)
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+    """Settings for one test on one backend; extra fields via ``@pytest.mark.parametrize`` are not needed."""
+    if request.param == "embedded":
+        yield Settings(redis_url=None, database_url=None, data_dir=tmp_path / "data")
+        return
+    request.getfixturevalue("redis_ok")
+    url = request.getfixturevalue("pg_url")
+    _truncate(url)
+    prefix = f"bwt{RUN_ID}{next(_counter)}"
+    yield Settings(redis_url=REDIS_URL, database_url=url, key_prefix=prefix, data_dir=tmp_path / "data")
+    _drop_prefix(prefix)
+
+
+@pytest.fixture
+async def index(settings: Settings) -> AsyncIterator[Index]:
+    idx = make_index(settings)
+    yield idx
+    await idx.close()
+
+
+@dataclass
+class Api:
+    """The app over HTTP (in-process ASGI, lifespan running), with one API key per role."""
+
+    client: httpx.AsyncClient
+    tokens: dict[Role, str]
+
+    def headers(self, role: Role | None) -> dict[str, str]:
+        return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
+
+
+async def _create_keys(settings: Settings) -> dict[Role, str]:
+    engine = make_engine(settings)
+    tokens = {}
+    async with session_scope(make_sessionmaker(engine)) as session:
+        for role in Role:
+            _, tokens[role] = await create_key(session, f"test {role.value}", role)
+    await engine.dispose()
+    return tokens
+
+
+@asynccontextmanager
+async def running_api(settings: Settings) -> AsyncIterator[Api]:
+    if settings.database_url is None:
+        upgrade(settings)
+    tokens = await _create_keys(settings)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bleedwatch.test") as client:
+            yield Api(client, tokens)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    async with running_api(settings) as running:
+        yield running

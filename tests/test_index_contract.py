@@ -1,0 +1,144 @@
+"""The index contract (service/index/base.py), held against every backend alike."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from service.index.base import Doc, DocMeta, Index, Kind
+from tests.traffic import fp, words
+
+pytestmark = pytest.mark.anyio
+
+NS = "00112233445566aa"
+NOW = time.time()
+
+
+def doc(ref: int, tenant: int, kind: Kind, text: str) -> Doc:
+    f = fp(text)
+    return Doc(ref, tenant, kind, f.values, f.offsets)
+
+
+async def test_tenant_refs_are_stable_and_distinct(index: Index) -> None:
+    first = await index.tenant_refs(["acme", "globex"])
+    again = await index.tenant_refs(["globex", "acme", "initech"])
+    assert first["acme"] == again["acme"]
+    assert first["globex"] == again["globex"]
+    assert len({again["acme"], again["globex"], again["initech"]}) == 3
+
+
+async def test_doc_refs_never_overlap(index: Index) -> None:
+    a = await index.new_doc_refs(10)
+    b = await index.new_doc_refs(5)
+    assert set(range(a, a + 10)).isdisjoint(range(b, b + 5))
+
+
+async def test_response_sharing_another_tenants_prompt_is_a_hit(index: Index) -> None:
+    source = doc(1, 1, Kind.PROMPT, words("argparse"))
+    assert await index.insert(NS, [source], NOW) == []
+    leaked = doc(2, 2, Kind.RESPONSE, words("csv", 0, 50) + " " + words("argparse", 60, 100))
+    hits = await index.insert(NS, [leaked], NOW)
+    assert len(hits) == 1
+    hit = hits[0]
+    assert (hit.batch_pos, hit.tenant, hit.doc, hit.kinds) == (0, 1, 1, Kind.PROMPT)
+    assert hit.count >= 5
+    assert hit.count == len(set(leaked.values.tolist()) & set(source.values.tolist()))
+
+
+async def test_source_arriving_after_the_leak_is_a_hit(index: Index) -> None:
+    leaked = doc(2, 2, Kind.RESPONSE, words("csv", 0, 50) + " " + words("argparse", 60, 100))
+    assert await index.insert(NS, [leaked], NOW) == []
+    hits = await index.insert(NS, [doc(3, 1, Kind.PROMPT, words("argparse"))], NOW)
+    assert [(h.batch_pos, h.tenant, h.doc, h.kinds) for h in hits] == [(0, 2, 2, Kind.RESPONSE)]
+
+
+async def test_both_sides_in_one_batch_is_a_hit(index: Index) -> None:
+    hits = await index.insert(
+        NS,
+        [doc(1, 1, Kind.PROMPT, words("argparse")), doc(2, 2, Kind.RESPONSE, words("argparse", 10, 60))],
+        NOW,
+    )
+    assert [(h.batch_pos, h.tenant) for h in hits] == [(1, 1)]
+
+
+async def test_same_tenant_and_own_prompt_are_not_hits(index: Index) -> None:
+    await index.insert(NS, [doc(1, 1, Kind.PROMPT, words("json"))], NOW)
+    assert await index.insert(NS, [doc(2, 1, Kind.RESPONSE, words("json", 5, 80))], NOW) == []
+    # Tenant 2 echoing its own earlier prompt, which tenant 1 also sent: still not a leak to 2.
+    await index.insert(NS, [doc(3, 2, Kind.PROMPT, words("json"))], NOW)
+    assert await index.insert(NS, [doc(4, 2, Kind.RESPONSE, words("json", 5, 80))], NOW) == []
+
+
+async def test_prompts_alone_never_hit(index: Index) -> None:
+    await index.insert(NS, [doc(1, 1, Kind.PROMPT, words("heapq"))], NOW)
+    assert await index.insert(NS, [doc(2, 2, Kind.PROMPT, words("heapq"))], NOW) == []
+
+
+async def test_text_of_many_tenants_becomes_common(index: Index) -> None:
+    text = words("unittest", 0, 120)
+    for tenant in (1, 2):
+        await index.insert(NS, [doc(tenant, tenant, Kind.PROMPT, text)], NOW)
+    before = await index.lookup(NS, fp(text).values, NOW)
+    assert all(x.entries is not None and {e.tenant for e in x.entries} == {1, 2} for x in before)
+    await index.insert(NS, [doc(3, 3, Kind.PROMPT, text)], NOW)  # the third of common_tenants=3
+    after = await index.lookup(NS, fp(text).values, NOW)
+    assert all(x.entries is None for x in after)
+    assert await index.insert(NS, [doc(4, 4, Kind.RESPONSE, text)], NOW) == []
+
+
+async def test_lookup_merges_kinds_and_keeps_the_first_doc(index: Index) -> None:
+    text = words("subprocess", 0, 60)
+    await index.insert(NS, [doc(1, 1, Kind.RESPONSE, text)], NOW)
+    await index.insert(NS, [doc(2, 1, Kind.PROMPT, text)], NOW + 1)
+    found = await index.lookup(NS, fp(text).values, NOW + 2)
+    offsets = fp(text).offsets.tolist()
+    for x, offset in zip(found, offsets, strict=True):
+        assert x.entries is not None
+        assert [(e.tenant, e.doc, e.offset, e.kinds) for e in x.entries] == [
+            (1, 1, offset, Kind.PROMPT | Kind.RESPONSE)
+        ]
+    unknown = await index.lookup(NS, np.array([1, 2**63, 2**64 - 1], dtype=np.uint64), NOW)
+    assert [x.entries for x in unknown] == [(), (), ()]
+
+
+async def test_namespaces_are_separate(index: Index) -> None:
+    await index.insert(NS, [doc(1, 1, Kind.PROMPT, words("socket"))], NOW)
+    assert await index.insert("ffeeddccbbaa9988", [doc(2, 2, Kind.RESPONSE, words("socket"))], NOW) == []
+
+
+async def test_entries_expire_with_the_window(index: Index, settings: object) -> None:
+    await index.insert(NS, [doc(1, 1, Kind.PROMPT, words("difflib"))], NOW)
+    retention = getattr(settings, "retention_seconds")
+    soon = await index.lookup(NS, fp(words("difflib")).values, NOW + retention * 0.9)
+    assert all(x.entries for x in soon)
+    later = NOW + retention * 2
+    assert all(x.entries == () for x in await index.lookup(NS, fp(words("difflib")).values, later))
+    assert await index.insert(NS, [doc(2, 2, Kind.RESPONSE, words("difflib"))], later) == []
+
+
+async def test_docs_round_trip_and_expire(index: Index, settings: object) -> None:
+    f = fp(words("sqlite3"))
+    meta = DocMeta("acme", "r-1", Kind.RESPONSE, "m", NOW, f.token_count, {"node": "n1", "prompt_tokens": 7},
+                   f.values, f.offsets)
+    prompt = DocMeta("acme", "r-1", Kind.PROMPT, "m", NOW, 12, {})
+    await index.put_docs(NS, {10: meta, 11: prompt}, NOW)
+    got = await index.get_docs(NS, [10, 11, 12], NOW)
+    assert set(got) == {10, 11}
+    assert got[10].request_id == "r-1"
+    assert got[10].context == {"node": "n1", "prompt_tokens": 7}
+    assert got[10].values is not None and got[10].offsets is not None
+    assert np.array_equal(got[10].values, f.values)
+    assert np.array_equal(got[10].offsets, f.offsets)
+    assert got[11].values is None
+    retention = getattr(settings, "retention_seconds")
+    assert await index.get_docs(NS, [10], NOW + retention * 2) == {}
+
+
+async def test_done_marks_are_per_key_and_expire(index: Index, settings: object) -> None:
+    assert await index.done(["a", "b"], NOW) == [False, False]
+    await index.mark_done(["a"], NOW)
+    assert await index.done(["a", "b"], NOW) == [True, False]
+    retention = getattr(settings, "retention_seconds")
+    assert await index.done(["a"], NOW + retention * 2) == [False]
