@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import psycopg
 import pytest
 import redis
-import httpx
 
 from service.app import create_app, make_index
 from service.auth.keys import Role, create_key
@@ -47,7 +47,9 @@ def pg_url() -> Iterator[str]:
     try:
         admin = psycopg.connect(DATABASE_URL, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {DATABASE_URL} ({exc}); start it or set BLEEDWATCH_TEST_DATABASE_URL")
+        pytest.fail(
+            f"PostgreSQL is not reachable at {DATABASE_URL} ({exc}); start it or set BLEEDWATCH_TEST_DATABASE_URL"
+        )
     admin.execute(f'CREATE SCHEMA "{schema}"')
     url = _with_schema(DATABASE_URL, schema)
     upgrade(Settings(database_url=url))

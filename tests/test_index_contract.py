@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from service.config import Settings
 from service.index.base import Doc, DocMeta, Index, Kind
 from tests.traffic import fp, words
 
@@ -108,9 +109,9 @@ async def test_namespaces_are_separate(index: Index) -> None:
     assert await index.insert("ffeeddccbbaa9988", [doc(2, 2, Kind.RESPONSE, words("socket"))], NOW) == []
 
 
-async def test_entries_expire_with_the_window(index: Index, settings: object) -> None:
+async def test_entries_expire_with_the_window(index: Index, settings: Settings) -> None:
     await index.insert(NS, [doc(1, 1, Kind.PROMPT, words("difflib"))], NOW)
-    retention = getattr(settings, "retention_seconds")
+    retention = settings.retention_seconds
     soon = await index.lookup(NS, fp(words("difflib")).values, NOW + retention * 0.9)
     assert all(x.entries for x in soon)
     later = NOW + retention * 2
@@ -118,27 +119,29 @@ async def test_entries_expire_with_the_window(index: Index, settings: object) ->
     assert await index.insert(NS, [doc(2, 2, Kind.RESPONSE, words("difflib"))], later) == []
 
 
-async def test_docs_round_trip_and_expire(index: Index, settings: object) -> None:
+async def test_docs_round_trip_and_expire(index: Index, settings: Settings) -> None:
     f = fp(words("sqlite3"))
-    meta = DocMeta("acme", "r-1", Kind.RESPONSE, "m", NOW, f.token_count, {"node": "n1", "prompt_tokens": 7},
-                   f.values, f.offsets)
+    meta = DocMeta(
+        "acme", "r-1", Kind.RESPONSE, "m", NOW, f.token_count, {"node": "n1", "prompt_tokens": 7}, f.values, f.offsets
+    )
     prompt = DocMeta("acme", "r-1", Kind.PROMPT, "m", NOW, 12, {})
     await index.put_docs(NS, {10: meta, 11: prompt}, NOW)
     got = await index.get_docs(NS, [10, 11, 12], NOW)
     assert set(got) == {10, 11}
     assert got[10].request_id == "r-1"
     assert got[10].context == {"node": "n1", "prompt_tokens": 7}
-    assert got[10].values is not None and got[10].offsets is not None
+    assert got[10].values is not None
+    assert got[10].offsets is not None
     assert np.array_equal(got[10].values, f.values)
     assert np.array_equal(got[10].offsets, f.offsets)
     assert got[11].values is None
-    retention = getattr(settings, "retention_seconds")
+    retention = settings.retention_seconds
     assert await index.get_docs(NS, [10], NOW + retention * 2) == {}
 
 
-async def test_done_marks_are_per_key_and_expire(index: Index, settings: object) -> None:
+async def test_done_marks_are_per_key_and_expire(index: Index, settings: Settings) -> None:
     assert await index.done(["a", "b"], NOW) == [False, False]
     await index.mark_done(["a"], NOW)
     assert await index.done(["a", "b"], NOW) == [True, False]
-    retention = getattr(settings, "retention_seconds")
+    retention = settings.retention_seconds
     assert await index.done(["a"], NOW + retention * 2) == [False]

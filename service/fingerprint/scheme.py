@@ -50,8 +50,8 @@ class Params:
             raise ValueError("n must be between 1 and 64")
         if not 1 <= self.w <= 256:
             raise ValueError("w must be between 1 and 256")
-        if self.sample_after < 0 or self.sample_mod < 1:
-            raise ValueError("sample_after must be >= 0 and sample_mod >= 1")
+        if self.sample_after < 0 or not 1 <= self.sample_mod < 2**64:
+            raise ValueError("sample_after must be >= 0 and sample_mod between 1 and 2**64 - 1")
 
     @property
     def guaranteed_run(self) -> int:

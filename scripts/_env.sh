@@ -1,0 +1,17 @@
+# Sourced by scripts/*: a virtualenv in .venv with the project installed, refreshed when
+# pyproject.toml changes. Set BLEEDWATCH_PYTHON to choose the interpreter (default python3).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="$ROOT/.venv"
+extras="${1:-}"
+stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)${extras:+-$extras}"
+if [ ! -f "$stamp" ]; then
+  echo "setting up $VENV ..." >&2
+  [ -x "$VENV/bin/python" ] || "${BLEEDWATCH_PYTHON:-python3}" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -e ".${extras:+[$extras]}"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,155 @@
+"""Bad input gets a clear 4xx in the one error shape, names the field, echoes no data."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from service.auth.keys import Role
+from service.config import Settings
+from tests.conftest import Api, running_api
+from tests.traffic import exchange, words
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def small_api(settings: Settings) -> AsyncIterator[Api]:
+    limited = settings.model_copy(
+        update={"max_body_bytes": 64 * 1024, "max_batch_exchanges": 3, "max_fingerprints_per_text": 300}
+    )
+    async with running_api(limited) as api:
+        yield api
+
+
+def one(**changes: Any) -> dict[str, Any]:
+    ex = exchange("acme", "r-1", words("argparse"), words("csv", 0, 60), time.time())
+    for path, value in changes.items():
+        target = ex
+        *parents, leaf = path.split("__")
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return ex
+
+
+async def post(
+    api: Api, body: bytes | dict[str, Any], role: Role | None = Role.INGEST, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    headers = api.headers(role) | {"Content-Type": content_type}
+    resp = await api.client.post("/v1/exchanges", content=raw, headers=headers)
+    data: dict[str, Any] = resp.json()
+    assert set(data) == {"error", "detail"} or resp.status_code == 202, data
+    return resp.status_code, data
+
+
+async def test_no_key_is_401(small_api: Api) -> None:
+    status, body = await post(small_api, {"exchanges": [one()]}, role=None)
+    assert status == 401
+    assert "Authorization: Bearer" in body["detail"]
+    resp = await small_api.client.get("/v1/findings", headers={"Authorization": "Bearer bw_nope_nope"})
+    assert resp.status_code == 401
+    assert resp.json()["error"] == "unauthorized"
+
+
+@pytest.mark.parametrize("role", [Role.READ, Role.TRIAGE, Role.ADMIN])
+async def test_only_ingest_keys_ingest(small_api: Api, role: Role) -> None:
+    status, body = await post(small_api, {"exchanges": [one()]}, role=role)
+    assert status == 403
+    assert f"role '{role.value}'" in body["detail"]
+
+
+async def test_ingest_keys_cannot_read(small_api: Api) -> None:
+    for path in ("/v1/findings", "/v1/findings/1"):
+        resp = await small_api.client.get(path, headers=small_api.headers(Role.INGEST))
+        assert resp.status_code == 403, path
+        assert "needs one of: admin, read, triage" in resp.json()["detail"]
+
+
+async def test_oversized_body_is_413(small_api: Api) -> None:
+    big = [one(request_id="big", prompt__fingerprints=base64.b64encode(bytes(80 * 1024)).decode())]
+    status, body = await post(small_api, {"exchanges": big})
+    assert status == 413
+    assert "BLEEDWATCH_MAX_BODY_BYTES" in body["detail"]
+
+
+async def test_oversized_batch_is_413(small_api: Api) -> None:
+    status, body = await post(small_api, {"exchanges": [one(request_id=f"r-{i}") for i in range(4)]})
+    assert status == 413
+    assert "4 in one batch" in body["detail"]
+
+
+async def test_too_many_fingerprints_is_413(small_api: Api) -> None:
+    long_prompt = " ".join(words(name) for name in ("argparse", "csv", "json", "socket", "http"))
+    many = exchange("acme", "r-1", long_prompt, "x", time.time())
+    status, body = await post(small_api, {"exchanges": [many]})
+    assert status == 413
+    assert body["detail"].startswith("exchanges[0].prompt.fingerprints:")
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"prompt__fingerprints": "not base64!"}, "exchanges[0].prompt.fingerprints"),
+        ({"prompt__fingerprints": base64.b64encode(b"1234567").decode()}, "exchanges[0].prompt.fingerprints"),
+        ({"response__offsets": base64.b64encode(b"\0" * 4).decode()}, "exchanges[0].response"),
+        ({"response__token_count": 3}, "exchanges[0].response.offsets"),
+        ({"prompt__fingerprints": [-1]}, "exchanges[0].prompt.fingerprints"),
+        ({"tenant": ""}, "exchanges[0].tenant"),
+        ({"tenant": "a\nb"}, "exchanges[0].tenant"),
+        ({"key_id": "KEY"}, "exchanges[0].key_id"),
+        ({"ts": "yesterday"}, "exchanges[0].ts"),
+        ({"ts": time.time() + 86400}, "exchanges[0].ts"),
+        ({"meta__deployment": {"nested": 1}}, "exchanges[0].meta.deployment"),
+        ({"surprise": 1}, "exchanges[0].surprise"),
+    ],
+)
+async def test_malformed_exchange_is_422_naming_the_field(small_api: Api, changes: dict[str, Any], field: str) -> None:
+    status, body = await post(small_api, {"exchanges": [one(**changes)]})
+    assert status == 422, body
+    assert body["error"] == "invalid"
+    assert field in body["detail"]
+
+
+async def test_errors_do_not_echo_the_payload(small_api: Api) -> None:
+    secret_ish = base64.b64encode(b"\x01" * 8).decode()[:-1]  # invalid padding
+    status, body = await post(small_api, {"exchanges": [one(prompt__fingerprints=secret_ish, tenant="x" * 200)]})
+    assert status == 422
+    assert secret_ish not in body["detail"]
+    assert "x" * 50 not in body["detail"]
+
+
+async def test_offsets_out_of_order_and_duplicate_requests(small_api: Api) -> None:
+    bad = one(
+        response__offsets=base64.b64encode(bytes([5, 0, 0, 0, 1, 0, 0, 0])).decode(),
+        response__fingerprints=base64.b64encode(bytes(16)).decode(),
+    )
+    status, body = await post(small_api, {"exchanges": [bad]})
+    assert (status, "strictly increasing" in body["detail"]) == (422, True)
+    status, body = await post(small_api, {"exchanges": [one(), one()]})
+    assert status == 422
+    assert body["detail"].startswith("exchanges[1]: request_id repeats")
+
+
+async def test_not_json_is_415_or_422(small_api: Api) -> None:
+    status, body = await post(small_api, b"exchanges=1", content_type="application/x-www-form-urlencoded")
+    assert status == 415
+    status, body = await post(small_api, b"{not json")
+    assert status == 422
+    status, body = await post(small_api, {"exchanges": []})
+    assert status == 422
+    assert "exchanges" in body["detail"]
+
+
+async def test_a_rejected_batch_keeps_nothing(small_api: Api) -> None:
+    good = one(request_id="kept-out")
+    status, _ = await post(small_api, {"exchanges": [good, one(request_id="bad", key_id="zz")]})
+    assert status == 422
+    status, body = await post(small_api, {"exchanges": [good]})
+    assert (status, body) == (202, {"accepted": 1, "duplicates": 0, "findings": 0})
