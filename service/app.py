@@ -135,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

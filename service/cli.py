@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,8 @@ def _serve(args: argparse.Namespace) -> int:
             "the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers", file=sys.stderr
         )
         return 2
+    if settings.workers > 1:
+        _share_metrics_between_workers()
     uvicorn.run(
         "service.app:create_app",
         factory=True,
@@ -35,6 +38,14 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def _share_metrics_between_workers() -> None:
+    """prometheus-client's multiprocess mode: one directory of metric files for all workers."""
+    directory = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="bleedwatch-metrics-")))
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):  # left by an earlier run: would be summed in
+        stale.unlink()
 
 
 def _migrate(_: argparse.Namespace) -> int:

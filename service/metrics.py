@@ -5,7 +5,22 @@ Labels are bounded sets only: never a tenant, request id, model or fingerprint.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import os
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
+
+
+def registry() -> CollectorRegistry:
+    """What /metrics shows: with several uvicorn workers, the sum over all of them.
+
+    ``bleedwatch serve`` sets PROMETHEUS_MULTIPROC_DIR when it starts more than one worker.
+    """
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return REGISTRY
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+    return merged
+
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -22,16 +22,29 @@ def traffic(now: float) -> dict[str, list[dict[str, Any]]]:
         "source": [exchange("tenant-a", "r-a", BOILERPLATE + " " + words("argparse"), words("json", 0, 120), now)],
         "leak": [
             exchange(
-                "tenant-b", "r-b", BOILERPLATE + " " + words("sqlite3"),
-                words("csv", 0, 100) + " " + LEAK + " " + words("heapq", 0, 60), now + 1,
+                "tenant-b",
+                "r-b",
+                BOILERPLATE + " " + words("sqlite3"),
+                words("csv", 0, 100) + " " + LEAK + " " + words("heapq", 0, 60),
+                now + 1,
                 prompt_tokens=700_001,
             )
         ],
         "clean": [
-            exchange("tenant-c", "r-c", BOILERPLATE + " " + words("socket"),
-                     "As you wrote: " + words("socket", 30, 110), now + 2),
-            exchange("tenant-d", "r-d", BOILERPLATE + " " + words("http"),
-                     BOILERPLATE + " " + words("difflib", 0, 90), now + 3),
+            exchange(
+                "tenant-c",
+                "r-c",
+                BOILERPLATE + " " + words("socket"),
+                "As you wrote: " + words("socket", 30, 110),
+                now + 2,
+            ),
+            exchange(
+                "tenant-d",
+                "r-d",
+                BOILERPLATE + " " + words("http"),
+                BOILERPLATE + " " + words("difflib", 0, 90),
+                now + 3,
+            ),
         ],
     }
 
@@ -94,10 +107,13 @@ async def test_findings_filters_pagination_and_detail(api: Api) -> None:
     now = time.time()
     pairs = [("argparse", "csv"), ("subprocess", "json"), ("socket", "heapq")]
     for i, (source, other) in enumerate(pairs):  # distinct texts: shared ones would become common
-        await post(api, [
-            exchange(f"src-{i}", f"s-{i}", words(source), words("difflib", 40 * i, 40 * i + 30), now),
-            exchange(f"dst-{i}", f"d-{i}", words(other), words(source, 60, 100), now),
-        ])
+        await post(
+            api,
+            [
+                exchange(f"src-{i}", f"s-{i}", words(source), words("difflib", 40 * i, 40 * i + 30), now),
+                exchange(f"dst-{i}", f"d-{i}", words(other), words(source, 60, 100), now),
+            ],
+        )
     everything = await findings(api)
     assert [f["recipient_request_id"] for f in everything] == ["d-2", "d-1", "d-0"]
     assert [f["recipient_tenant"] for f in await findings(api, recipient_tenant="dst-1")] == ["dst-1"]
@@ -136,9 +152,13 @@ async def test_health_readiness_and_metrics(api: Api) -> None:
     batches = traffic(time.time())
     await post(api, batches["source"] + batches["leak"])
     body = (await api.client.get("/metrics")).text
-    for name in ("bleedwatch_exchanges_ingested_total", "bleedwatch_fingerprints_ingested_total",
-                 'bleedwatch_findings_total{severity="high"}', "bleedwatch_ingest_duration_seconds_bucket",
-                 "bleedwatch_match_duration_seconds_bucket"):
+    for name in (
+        "bleedwatch_exchanges_ingested_total",
+        "bleedwatch_fingerprints_ingested_total",
+        'bleedwatch_findings_total{severity="high"}',
+        "bleedwatch_ingest_duration_seconds_bucket",
+        "bleedwatch_match_duration_seconds_bucket",
+    ):
         assert name in body
     assert "tenant-a" not in body
     assert "tenant-b" not in body

@@ -10,30 +10,21 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from service.app import create_app
 from service.auth.keys import Role, create_key
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.demo.sample import sample
+from service.local_server import local_server
 from service.migrate import upgrade
 from service.replay import replay_records
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _keys(settings: Settings) -> tuple[str, str]:
@@ -63,42 +54,28 @@ def _print_finding(f: dict[str, Any]) -> None:
 
 def run_demo(*, keep: bool = False) -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="bleedwatch-demo-"))
-    settings = Settings(
-        redis_url=None, database_url=None, data_dir=data_dir, port=_free_port(), api_key_cache_seconds=10.0
-    )
+    settings = Settings(redis_url=None, database_url=None, data_dir=data_dir)
     upgrade(settings)
     ingest_key, read_key = asyncio.run(_keys(settings))
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                print("the demo server did not start")
-                return 1
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{settings.port}"
-        records = sample(time.time() - 60)
-        print(f"bleedwatch demo: embedded index + SQLite in {data_dir}, API on {url}")
-        print(
-            f"replaying {len(records)} exchanges from 4 tenants (shared system prompt, a self-echo, one leak;"
-            " the leaked response is sent before its source)"
-        )
-        # Two exchanges a batch, so the leak and its source arrive in different requests.
-        result = asyncio.run(
-            replay_records(records, url=url, api_key=ingest_key, key=secrets.token_bytes(32), batch_size=2)
-        )
-        print(f"sent {result.sent}: {result.accepted} accepted, {result.findings} findings")
-        found = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read_key}"}).json()["items"]
-        print(f"GET /v1/findings -> {len(found)} finding(s)")
-        for f in found:
-            _print_finding(f)
-        return 0 if len(found) == 1 else 1
+        with local_server(create_app(settings)) as url:
+            records = sample(time.time() - 60)
+            print(f"bleedwatch demo: embedded index + SQLite in {data_dir}, API on {url}")
+            print(
+                f"replaying {len(records)} exchanges from 4 tenants (shared system prompt, a self-echo, one leak;"
+                " the leaked response is sent before its source)"
+            )
+            # Two exchanges a batch, so the leak and its source arrive in different requests.
+            result = asyncio.run(
+                replay_records(records, url=url, api_key=ingest_key, key=secrets.token_bytes(32), batch_size=2)
+            )
+            print(f"sent {result.sent}: {result.accepted} accepted, {result.findings} findings")
+            reply = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read_key}"})
+            found = reply.json()["items"]
+            print(f"GET /v1/findings -> {len(found)} finding(s)")
+            for f in found:
+                _print_finding(f)
+            return 0 if len(found) == 1 else 1
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""The ``bleedwatch`` commands, run the way an operator runs them."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from service.app import create_app
+from service.cli import main
+from service.config import Settings
+from service.local_server import local_server
+from tests.traffic import KEY, words
+
+
+@pytest.fixture
+def embedded_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for var in ("BLEEDWATCH_REDIS_URL", "BLEEDWATCH_DATABASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("BLEEDWATCH_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("BLEEDWATCH_API_KEY_CACHE_SECONDS", "0")
+    return Settings()
+
+
+def create(capsys: pytest.CaptureFixture[str], role: str) -> tuple[str, str]:
+    assert main(["keys", "create", "--name", f"cli {role}", "--role", role]) == 0
+    out = capsys.readouterr().out
+    match = re.search(r"created key (\w+) \((\w+)\).*\n(bw_\S+)", out)
+    assert match, out
+    return match.group(1), match.group(3)
+
+
+def test_keys_create_list_revoke(embedded_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["migrate"]) == 0
+    key_id, token = create(capsys, "read")
+    assert main(["keys", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert key_id in listing
+    assert "active" in listing
+    assert token.split("_")[2] not in listing  # the secret is shown once only
+    with local_server(create_app(embedded_env)) as url:
+        auth = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{url}/v1/findings", headers=auth).status_code == 200
+        assert main(["keys", "revoke", key_id]) == 0
+        assert httpx.get(f"{url}/v1/findings", headers=auth).status_code == 401
+    assert main(["keys", "revoke", key_id]) == 1
+    assert main(["keys", "list"]) == 0
+    assert "revoked" in capsys.readouterr().out
+
+
+def test_replay_finds_the_leak_in_a_traffic_file(
+    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["migrate"]) == 0
+    _, ingest = create(capsys, "ingest")
+    _, read = create(capsys, "read")
+    now = time.time()
+    lines = [
+        {"ts": now, "tenant": "b", "request_id": "rb", "model": "m", "prompt": words("csv"),
+         "response": words("json", 0, 50) + " " + words("argparse", 100, 150), "meta": {"node": "n7"}},
+        {"ts": "2026-12-02T10:00:00+00:00", "tenant": "a", "request_id": "ra", "model": "m",
+         "prompt": words("argparse"), "response": words("heapq", 0, 60)},
+    ]
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    key_file = tmp_path / "key.hex"
+    key_file.write_text(KEY.hex())
+    with local_server(create_app(embedded_env)) as url:
+        args = ["replay", str(traffic), "--url", url, "--api-key", ingest, "--key-file", str(key_file)]
+        assert main([*args, "--batch-size", "1"]) == 0
+        assert "sent 2 exchanges: 2 accepted, 0 duplicates, 1 findings" in capsys.readouterr().out
+        assert main(args) == 0
+        assert "0 accepted, 2 duplicates" in capsys.readouterr().out
+        items = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read}"}).json()["items"]
+    assert [(f["source_tenant"], f["recipient_tenant"], f["node"]) for f in items] == [("a", "b", "n7")]
+
+
+def test_replay_without_keys_explains(embedded_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "x.jsonl", "--api-key", "bw_a_b"]) == 2
+    assert "fingerprint key" in capsys.readouterr().err
+
+
+def test_demo_catches_its_leak(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "GET /v1/findings -> 1 finding(s)" in out
+    assert "acme's content reached globex in response globex-0001" in out
