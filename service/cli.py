@@ -24,7 +24,7 @@ def _serve(args: argparse.Namespace) -> int:
             "the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers", file=sys.stderr
         )
         return 2
-    if settings.workers > 1:
+    if settings.workers > 1 or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         _share_metrics_between_workers()
     uvicorn.run(
         "service.app:create_app",
