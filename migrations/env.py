@@ -5,7 +5,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from service.auth import models as _auth_models  # noqa: F401  (registers tables)
+from service.allowlist import models as _allowlist_models  # noqa: F401  (registers tables)
+from service.auth import models as _auth_models  # noqa: F401
+from service.canaries import models as _canary_models  # noqa: F401
 from service.db import Base
 from service.findings import models as _finding_models  # noqa: F401
 

@@ -28,6 +28,7 @@ from service.ingest.decode import Limits
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
 from service.matching.evidence import Thresholds
+from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
 from service.migrate import upgrade
 
@@ -56,8 +57,6 @@ def make_index(settings: Settings) -> Index:
 
 def thresholds(settings: Settings) -> Thresholds:
     return Thresholds(
-        n=settings.shingle_tokens,
-        w=settings.window,
         min_matched=settings.min_matched_fingerprints,
         min_run_tokens=settings.min_run_tokens,
         high_run_tokens=settings.high_run_tokens,
@@ -75,13 +74,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
+        known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
         limits = Limits(settings.max_batch_exchanges, settings.max_fingerprints_per_text, settings.max_future_seconds)
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,
             sessions=sessions,
             index=index,
-            ingestor=Ingestor(index, Matcher(index, thresholds(settings)), sessions, limits),
+            ingestor=Ingestor(index, Matcher(index, known, thresholds(settings)), sessions, limits),
+            known=known,
             keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
         )
         try:

@@ -30,8 +30,7 @@ class Settings(BaseSettings):
     min_run_tokens: int = Field(12, ge=1)
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)
-    shingle_tokens: int = Field(4, ge=1, le=64)
-    window: int = Field(6, ge=1, le=256)
+    lists_refresh_seconds: float = Field(10.0, ge=0)
 
     # Input limits: every one answers 4xx with a message, never a silent drop.
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)

@@ -12,6 +12,7 @@ from service.auth.keys import KeyVerifier
 from service.config import Settings
 from service.index.base import Index
 from service.ingest.service import Ingestor
+from service.matching.known import KnownFingerprints
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class AppDeps:
     index: Index
     ingestor: Ingestor
     keys: KeyVerifier
+    known: KnownFingerprints
 
 
 def get_deps(request: Request) -> AppDeps:

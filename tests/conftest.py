@@ -80,8 +80,15 @@ def _drop_prefix(prefix: str) -> None:
 
 
 def _truncate(url: str) -> None:
-    with psycopg.connect(url.replace("postgresql://", "postgresql://", 1), autocommit=True) as conn:
-        conn.execute("TRUNCATE findings, api_keys RESTART IDENTITY")
+    """Empty every table of the run's schema (tests run one at a time within a run)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename <> 'alembic_version'"
+            )
+        ]
+        conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
 
 
 @pytest.fixture(params=BACKENDS)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from service.config import Settings
+from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind
 from tests.traffic import fp, words
 
@@ -121,15 +122,16 @@ async def test_entries_expire_with_the_window(index: Index, settings: Settings) 
 
 async def test_docs_round_trip_and_expire(index: Index, settings: Settings) -> None:
     f = fp(words("sqlite3"))
-    meta = DocMeta(
-        "acme", "r-1", Kind.RESPONSE, "m", NOW, f.token_count, {"node": "n1", "prompt_tokens": 7}, f.values, f.offsets
-    )
-    prompt = DocMeta("acme", "r-1", Kind.PROMPT, "m", NOW, 12, {})
+    params = Params(n=5, w=7, sample_after=100, sample_mod=3)
+    context = {"node": "n1", "prompt_tokens": 7}
+    meta = DocMeta("acme", "r-1", Kind.RESPONSE, "m", NOW, f.token_count, context, params, f.values, f.offsets)
+    prompt = DocMeta("acme", "r-1", Kind.PROMPT, "m", NOW, 12, {}, Params())
     await index.put_docs(NS, {10: meta, 11: prompt}, NOW)
     got = await index.get_docs(NS, [10, 11, 12], NOW)
     assert set(got) == {10, 11}
     assert got[10].request_id == "r-1"
-    assert got[10].context == {"node": "n1", "prompt_tokens": 7}
+    assert got[10].context == context
+    assert got[10].params == params
     assert got[10].values is not None
     assert got[10].offsets is not None
     assert np.array_equal(got[10].values, f.values)

@@ -3,13 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy import Float, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, JSONType, UTCDateTime
-
-# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
-BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+from service.db import Base, BigIntId, JSONType, UTCDateTime
 
 
 class Finding(Base):

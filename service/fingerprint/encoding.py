@@ -35,3 +35,12 @@ def decode(text: str, dtype: np.dtype[np.unsignedinteger]) -> npt.NDArray[np.uns
             f"(little-endian {8 * dtype.itemsize}-bit integers)"
         )
     return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+
+
+def to_signed(values: npt.NDArray[np.uint64]) -> list[int]:
+    """Fingerprints as SQL BIGINT (two's complement): PostgreSQL and SQLite have no unsigned 64-bit type."""
+    return np.ascontiguousarray(values, dtype=np.uint64).view(np.int64).tolist()  # type: ignore[no-any-return]
+
+
+def from_signed(values: list[int]) -> npt.NDArray[np.uint64]:
+    return np.array(values, dtype=np.int64).view(np.uint64)

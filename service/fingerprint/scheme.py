@@ -36,8 +36,9 @@ class Params:
     """What both sides of a comparison must agree on; part of the key id.
 
     ``sample_after`` and ``sample_mod`` thin out fingerprints past a token offset by keeping
-    only those whose value is 0 modulo ``sample_mod``. The choice depends on the content
-    only, so a sampled text still shares fingerprints with an unsampled copy of the same span.
+    only those whose value is 0 modulo ``sample_mod``. Which ones survive depends on the
+    content, not on chance, so a sampled span still shares a predictable 1/``sample_mod`` of
+    its fingerprints with an unsampled copy of the same text elsewhere.
     """
 
     n: int = 4
@@ -50,8 +51,8 @@ class Params:
             raise ValueError("n must be between 1 and 64")
         if not 1 <= self.w <= 256:
             raise ValueError("w must be between 1 and 256")
-        if self.sample_after < 0 or not 1 <= self.sample_mod < 2**64:
-            raise ValueError("sample_after must be >= 0 and sample_mod between 1 and 2**64 - 1")
+        if not 0 <= self.sample_after < 2**32 or not 1 <= self.sample_mod < 2**32:
+            raise ValueError("sample_after must be in [0, 2**32) and sample_mod in [1, 2**32)")
 
     @property
     def guaranteed_run(self) -> int:

@@ -18,6 +18,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from service.fingerprint.scheme import Params
+
 
 class Kind(enum.IntFlag):
     PROMPT = 1
@@ -81,6 +83,7 @@ class DocMeta:
     ts: float
     token_count: int
     context: dict[str, str | int | float | bool | None]
+    params: Params
     # Kept for responses only, so a late-arriving source can re-check an earlier response.
     values: npt.NDArray[np.uint64] | None = None
     offsets: npt.NDArray[np.uint32] | None = None

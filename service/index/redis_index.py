@@ -16,6 +16,7 @@ import numpy.typing as npt
 import orjson
 from redis.asyncio import Redis, RedisCluster
 
+from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup
 from service.index.keys import SHARD_BITS, Keys
 from service.index.window import Window
@@ -60,6 +61,7 @@ def encode_doc(meta: DocMeta, generation: int) -> bytes:
             "ts": meta.ts,
             "token_count": meta.token_count,
             "context": meta.context,
+            "params": [meta.params.n, meta.params.w, meta.params.sample_after, meta.params.sample_mod],
         }
     )
     values = b"" if meta.values is None else meta.values.astype("<u8").tobytes()
@@ -83,6 +85,7 @@ def decode_doc(raw: bytes) -> tuple[int, DocMeta]:
         ts=head["ts"],
         token_count=head["token_count"],
         context=head["context"],
+        params=Params(*head["params"]),
         values=values,
         offsets=offsets,
     )

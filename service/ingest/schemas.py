@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -24,6 +24,18 @@ class Text(BaseModel):
     token_count: int = Field(ge=0, lt=2**32)
 
 
+class Scheme(BaseModel):
+    """The fingerprint parameters the gateway used (docs/fingerprint-spec.md); n and w are in the key id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1]
+    n: int = Field(ge=1, le=64)
+    w: int = Field(ge=1, le=256)
+    sample_after: int = Field(ge=0, lt=2**32)
+    sample_mod: int = Field(ge=1, lt=2**32)
+
+
 class Meta(BaseModel):
     """Where the response was served. Extra scalar fields are kept as they are (up to 16)."""
 
@@ -42,6 +54,7 @@ class Exchange(BaseModel):
     model: Label = Field(min_length=1)
     ts: datetime
     key_id: KeyId
+    scheme: Scheme
     prompt: Text
     response: Text
     meta: Meta = Meta()

@@ -18,6 +18,7 @@ from service.auth.keys import Caller
 from service.db import session_scope
 from service.errors import Forbidden
 from service.findings import store
+from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
 from service.ingest.schemas import Batch, Exchange, IngestResult
@@ -83,6 +84,7 @@ class Ingestor:
                     ts=ex.ts.timestamp(),
                     token_count=text.token_count,
                     context=context,
+                    params=Params(ex.scheme.n, ex.scheme.w, ex.scheme.sample_after, ex.scheme.sample_mod),
                     values=text.values if kind == Kind.RESPONSE else None,
                     offsets=text.offsets if kind == Kind.RESPONSE else None,
                 )

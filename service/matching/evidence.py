@@ -1,24 +1,31 @@
 """From matched fingerprints to evidence a responder can act on: runs, coverage, severity.
 
-Pure functions over offsets, so scoring is tested without any backend.
+Pure functions over offsets, so scoring is tested without any backend. docs/detection.md gives
+the reasoning and the measured effect of each threshold.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from service.fingerprint.scheme import Params
+
+# Consecutive matches of one run may be this many winnowing windows apart (a substituted word
+# removes up to n shingles, so up to about two windows can pass without a fingerprint).
+GAP_WINDOWS = 3
+# ... and the source may drift by this many tokens against the response (inserted or dropped words).
+SHIFT_TOLERANCE = 8
 
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    n: int
-    w: int
     min_matched: int
     min_run_tokens: int
     high_run_tokens: int
     critical_run_tokens: int
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Match:
     """One recipient fingerprint found in a source document."""
 
@@ -29,7 +36,7 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Tokens ``[start, end)`` of the response matched tokens ``[source_start, source_end)`` of one source doc."""
+    """Tokens ``[start, end)`` of the response matched ``[source_start, source_end)`` of one source doc."""
 
     start: int
     end: int
@@ -43,34 +50,39 @@ class Run:
         return self.end - self.start
 
 
-@dataclass(slots=True)
-class SourceEvidence:
-    tenant: int
-    matches: list[Match] = field(default_factory=list)
+def _stride(params: Params, offset: int) -> int:
+    """How far apart consecutive fingerprints of a shared run may be at ``offset``."""
+    sampled = params.sample_mod if params.sample_mod > 1 and offset >= params.sample_after else 1
+    return params.w * GAP_WINDOWS * sampled
 
 
-def runs(matches: list[Match], t: Thresholds) -> list[Run]:
-    """Group matches into contiguous runs per source doc.
+def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> list[Run]:
+    """Group matches into runs: same source doc, close together, on the same diagonal.
 
-    Inside a shared run consecutive winnowed fingerprints are at most ``w`` shingles apart,
-    so a larger gap (or a jump backwards in the source) starts a new run.
+    A leak copies a contiguous span, so response and source offsets advance together; a match
+    that jumps in the source, or comes after a longer gap than the sampling allows, starts a
+    new run. Fragments of one source interleaved with other text become separate runs.
     """
     out: list[Run] = []
     by_doc: dict[int, list[Match]] = {}
     for m in matches:
         by_doc.setdefault(m.source_doc, []).append(m)
     for doc, ms in by_doc.items():
+        source = sources[doc]
         ms.sort(key=lambda m: m.response_offset)
         group: list[Match] = []
         for m in ms:
-            if group and (
-                m.response_offset - group[-1].response_offset > t.w or m.source_offset < group[-1].source_offset
-            ):
-                out.append(_run(doc, group, t.n))
-                group = []
+            if group:
+                prev = group[-1]
+                gap = m.response_offset - prev.response_offset
+                drift = abs(gap - (m.source_offset - prev.source_offset))
+                allowed = max(_stride(response, prev.response_offset), _stride(source, prev.source_offset))
+                if gap > allowed or drift > SHIFT_TOLERANCE:
+                    out.append(_run(doc, group, response.n))
+                    group = []
             group.append(m)
         if group:
-            out.append(_run(doc, group, t.n))
+            out.append(_run(doc, group, response.n))
     return sorted(out, key=lambda r: (r.start, r.source_doc))
 
 
@@ -106,6 +118,6 @@ def severity(longest_run: int, t: Thresholds, *, canary: bool = False) -> str:
     return "low"
 
 
-def is_finding(matched: int, longest_run: int, t: Thresholds) -> bool:
-    """More than a coincidence: several fingerprints, and a contiguous run of real length."""
-    return matched >= t.min_matched and longest_run >= t.min_run_tokens
+def is_finding(found: list[Run], t: Thresholds) -> bool:
+    """More than a coincidence: one run with several fingerprints and a real length."""
+    return any(r.fingerprints >= t.min_matched and r.tokens >= t.min_run_tokens for r in found)

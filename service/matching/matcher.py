@@ -3,6 +3,10 @@
 Hits only say *where to look*. Each candidate response is then re-evaluated from the index as
 it is now (``lookup``), so the result does not depend on which side of a leak arrived first or
 on which replica saw which part: evaluating twice gives the same or a larger finding, never two.
+
+Per response fingerprint, in this order: allowlisted -> ignored; a canary's -> evidence for
+that canary, whatever else holds it; common (many tenants) -> ignored; in one of the
+recipient's own prompts (self-echo) -> ignored; else evidence for every other tenant holding it.
 """
 
 from __future__ import annotations
@@ -11,16 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
-from service.matching.evidence import (
-    Match,
-    Run,
-    Thresholds,
-    coverage,
-    is_finding,
-    runs,
-    severity,
-)
+from service.matching.evidence import Match, Run, Thresholds, coverage, is_finding, runs, severity
+from service.matching.known import Known, KnownFingerprints
+
+CANARY_PARAMS = Params(sample_mod=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,17 @@ class FindingDraft:
     evidence: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where matched text came from: an indexed document, or a registered canary (negative ref)."""
+
+    tenant: str
+    request_id: str
+    kind: str
+    params: Params
+    canary: bool = False
+
+
 def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, int]:
     """Response doc refs worth evaluating, with the recipient tenant ref of each."""
     weight: dict[int, int] = {}
@@ -59,58 +70,68 @@ def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, 
 
 
 class Matcher:
-    def __init__(self, index: Index, thresholds: Thresholds) -> None:
+    def __init__(self, index: Index, known: KnownFingerprints, thresholds: Thresholds) -> None:
         self._index = index
+        self._known = known
         self._t = thresholds
 
     async def evaluate(
         self, ns: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
     ) -> list[FindingDraft]:
+        known = await self._known.get(ns)
         wanted = candidates(docs, hits, self._t.min_matched)
-        known = {ref: metas[ref] for ref in wanted if ref in metas}
-        known.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
+        for doc in docs:  # canaries are looked for in every response, whatever the index says
+            if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:
+                wanted[doc.ref] = doc.tenant
+        found = {ref: metas[ref] for ref in wanted if ref in metas}
+        found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
         drafts = []
         for ref, tenant_ref in sorted(wanted.items()):
-            meta = known.get(ref)
+            meta = found.get(ref)
             if meta is None or meta.values is None or meta.offsets is None:
                 continue  # the response aged out of the window
-            draft = await self._evaluate(ns, tenant_ref, meta, now)
+            draft = await self._evaluate(ns, tenant_ref, meta, known, now)
             if draft is not None:
                 drafts.append(draft)
         return drafts
 
-    async def _evaluate(self, ns: str, recipient: int, meta: DocMeta, now: float) -> FindingDraft | None:
+    async def _evaluate(self, ns: str, recipient: int, meta: DocMeta, known: Known, now: float) -> FindingDraft | None:
         assert meta.values is not None
         assert meta.offsets is not None
-        t = self._t
-        by_source: dict[int, list[Match]] = {}
+        matches: dict[tuple[str, int], list[Match]] = {}  # by ("tenant", ref) or ("canary", id)
+        allowed = known.allowed(meta.values)
+        canary_pos = known.canaries.find(meta.values)
         lookups = await self._index.lookup(ns, meta.values, now)
-        for offset, found in zip(meta.offsets.tolist(), lookups, strict=True):
+        for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
+            if allowed[i]:
+                continue
+            if canary_pos[i] >= 0:
+                cid = int(known.canaries.canary_ids[canary_pos[i]])
+                if known.canaries.tenants[cid] != meta.tenant:
+                    source_offset = int(known.canaries.offsets[canary_pos[i]])
+                    matches.setdefault(("canary", cid), []).append(Match(offset, -cid, source_offset))
+                continue
             if found.entries is None:
                 continue  # common: shared by many tenants
             if any(e.tenant == recipient and e.kinds & Kind.PROMPT for e in found.entries):
                 continue  # self-echo: the recipient sent this text itself
             for e in found.entries:
                 if e.tenant != recipient:
-                    by_source.setdefault(e.tenant, []).append(Match(offset, e.doc, e.offset))
-        scored = []
-        for source, matches in by_source.items():
-            found_runs = runs(matches, t)
-            longest = max(r.tokens for r in found_runs)
-            if is_finding(len(matches), longest, t):
-                scored.append((len(matches), longest, source, found_runs))
-        if not scored:
+                    matches.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
+        if not matches:
             return None
-        scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
-        source_docs = await self._index.get_docs(ns, sorted({r.source_doc for s in scored for r in s[3]}), now)
-        sources = [
-            summary
-            for matched, longest, _, found_runs in scored
-            if (summary := _summarise(matched, longest, found_runs, source_docs, meta.token_count)) is not None
-        ]
-        if not sources:
-            return None  # every source doc aged out between lookup and now
-        top = sources[0]
+        sources = await self._sources(ns, matches, known, now)
+        summaries = []
+        for ms in matches.values():
+            kept = [m for m in ms if m.source_doc in sources]
+            found_runs = runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
+            if kept and is_finding(found_runs, self._t):
+                summaries.append(_summarise(kept, found_runs, sources, meta.token_count))
+        if not summaries:
+            return None
+        # Canaries first, then the source with the most evidence.
+        summaries.sort(key=lambda s: (s.canary, s.matched, s.longest), reverse=True)
+        top = summaries[0]
         ctx = meta.context
         return FindingDraft(
             key_id=ns,
@@ -127,14 +148,31 @@ class Matcher:
             matched_fingerprints=top.matched,
             longest_run_words=top.longest,
             score=top.coverage,
-            severity=severity(top.longest, t),
-            evidence={"scheme": {"n": t.n, "w": t.w}, "sources": [src.as_json() for src in sources]},
+            severity=severity(top.longest, self._t, canary=top.canary),
+            evidence={
+                "scheme": {"n": meta.params.n, "w": meta.params.w},
+                "sources": [s.as_json() for s in summaries],
+            },
         )
+
+    async def _sources(
+        self, ns: str, matches: dict[tuple[str, int], list[Match]], known: Known, now: float
+    ) -> dict[int, Source]:
+        refs = sorted({m.source_doc for ms in matches.values() for m in ms})
+        docs = await self._index.get_docs(ns, [r for r in refs if r > 0], now)
+        out = {ref: Source(d.tenant, d.request_id, kind_name(d.kind), d.params) for ref, d in docs.items()}
+        for ref in refs:
+            if ref < 0:
+                cid = -ref
+                label = known.canaries.labels[cid]
+                out[ref] = Source(known.canaries.tenants[cid], f"canary:{label}", "canary", CANARY_PARAMS, True)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
-class SourceSummary:
+class Summary:
     tenant: str
+    canary: bool
     matched: int
     longest: int
     coverage: float
@@ -144,6 +182,7 @@ class SourceSummary:
     def as_json(self) -> dict[str, Any]:
         return {
             "tenant": self.tenant,
+            "canary": self.canary,
             "request_ids": self.request_ids,
             "matched_fingerprints": self.matched,
             "longest_run_words": self.longest,
@@ -152,29 +191,25 @@ class SourceSummary:
         }
 
 
-def _summarise(
-    matched: int, longest: int, found: list[Run], docs: dict[int, DocMeta], response_tokens: int
-) -> SourceSummary | None:
-    kept = [r for r in found if r.source_doc in docs]
-    if not kept:
-        return None
-    ranges = [
-        {
-            "response": [r.start, r.end],
-            "source_request_id": docs[r.source_doc].request_id,
-            "source_kind": kind_name(docs[r.source_doc].kind),
-            "source": [r.source_start, r.source_end],
-            "fingerprints": r.fingerprints,
-        }
-        for r in kept
-    ]
-    return SourceSummary(
-        tenant=docs[kept[0].source_doc].tenant,
-        matched=matched,
-        longest=longest,
-        coverage=round(coverage(found, response_tokens), 4),
-        request_ids=sorted({docs[r.source_doc].request_id for r in kept}),
-        ranges=ranges,
+def _summarise(matches: list[Match], found: list[Run], sources: dict[int, Source], tokens: int) -> Summary:
+    first = sources[found[0].source_doc]
+    return Summary(
+        tenant=first.tenant,
+        canary=first.canary,
+        matched=len(matches),
+        longest=max(r.tokens for r in found),
+        coverage=round(coverage(found, tokens), 4),
+        request_ids=sorted({sources[r.source_doc].request_id for r in found}),
+        ranges=[
+            {
+                "response": [r.start, r.end],
+                "source_request_id": sources[r.source_doc].request_id,
+                "source_kind": sources[r.source_doc].kind,
+                "source": [r.source_start, r.source_end],
+                "fingerprints": r.fingerprints,
+            }
+            for r in found
+        ],
     )
 
 

@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.fingerprint.encoding import U32_LE, U64_LE, encode
-from service.fingerprint.scheme import DEFAULT_PARAMS, Fingerprints, Params, fingerprint_text, key_id
+from service.fingerprint.scheme import (
+    DEFAULT_PARAMS,
+    SCHEME_VERSION,
+    Fingerprints,
+    Params,
+    fingerprint_text,
+    key_id,
+)
 
 Scalar = str | int | float | bool | None
 
@@ -44,6 +51,13 @@ def fingerprint_exchange(
         "model": model,
         "ts": when.isoformat(),
         "key_id": key_id(key, params),
+        "scheme": {
+            "version": SCHEME_VERSION,
+            "n": params.n,
+            "w": params.w,
+            "sample_after": params.sample_after,
+            "sample_mod": params.sample_mod,
+        },
         "prompt": _text(fingerprint_text(prompt, key, params)),
         "response": _text(fingerprint_text(response, key, params)),
         "meta": dict(meta or {}),
