@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,8 +14,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis, RedisCluster
 from sqlalchemy import text
 
-from service import errors, metrics
+from service import errors, metrics, tracing
+from service.allowlist.routes import router as allowlist_router
 from service.auth.keys import KeyVerifier
+from service.body_limit import BodyLimit
+from service.canaries.routes import router as canaries_router
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
 from service.deps import AppDeps, Deps
@@ -27,12 +31,14 @@ from service.index.window import Window
 from service.ingest.decode import Limits
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
+from service.logging import RequestContext
 from service.matching.evidence import Thresholds
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
 from service.migrate import upgrade
 
 RETRY_AFTER_SECONDS = 5
+log = logging.getLogger(__name__)
 
 
 def make_index(settings: Settings) -> Index:
@@ -72,6 +78,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.database_url is None:
             upgrade(settings)  # the embedded file is ours to keep current
         engine = make_engine(settings)
+        metrics.configure(settings)
+        metrics.instrument_engine(engine)
+        tracing.configure(settings.tracing)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
@@ -98,20 +107,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContext)  # outermost: request id, access log, HTTP metrics
 
     @app.exception_handler(redis.exceptions.RedisError)
     async def redis_down(_: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
         metrics.BACKEND_ERRORS.labels("redis").inc()
+        log.warning("backend_unavailable", extra={"backend": "redis", "exc_type": type(exc).__name__})
         return _unavailable("the fingerprint index (Redis) is unreachable; retry later, nothing was kept")
 
     @app.exception_handler(sqlalchemy.exc.OperationalError)
     @app.exception_handler(sqlalchemy.exc.InterfaceError)
     async def database_down(_: Request, exc: sqlalchemy.exc.DBAPIError) -> JSONResponse:
         metrics.BACKEND_ERRORS.labels("database").inc()
+        log.warning("backend_unavailable", extra={"backend": "database", "exc_type": type(exc).__name__})
         return _unavailable("the database is unreachable; retry later")
 
     app.include_router(ingest_router)
     app.include_router(findings_router)
+    app.include_router(allowlist_router)
+    app.include_router(canaries_router)
 
     @app.get("/healthz", tags=["health"], summary="The process is alive")
     async def healthz() -> dict[str, str]:
@@ -135,7 +150,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(deps: Deps) -> Response:
+        await metrics.INDEX_STATS.refresh(deps.index)
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -62,21 +62,69 @@ def _keys(args: argparse.Namespace) -> int:
     return asyncio.run(run(args))
 
 
-def _replay(args: argparse.Namespace) -> int:
-    from service.replay import replay_file
-
+def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | None:
+    """The gateway key and an API key, from flags or the environment; None after explaining."""
     key = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
     if args.key_file:
         key = Path(args.key_file).read_text().strip()
     if not key:
         print("give the gateway's fingerprint key: --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)", file=sys.stderr)
-        return 2
+        return None
     if not args.api_key:
-        print("give an ingest API key: --api-key or BLEEDWATCH_API_KEY", file=sys.stderr)
+        print(f"give an {role} API key: --api-key or BLEEDWATCH_API_KEY", file=sys.stderr)
+        return None
+    return bytes.fromhex(key), args.api_key
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL", "http://127.0.0.1:8400"))
+    p.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"))
+    p.add_argument("--key-file", help="file holding the gateway's fingerprint key in hex")
+
+
+def _allowlist(args: argparse.Namespace) -> int:
+    from service.probe import allowlist_add
+
+    keys = _client_args(args, "admin")
+    if keys is None:
         return 2
-    result = asyncio.run(
-        replay_file(args.file, url=args.url, api_key=args.api_key, key=bytes.fromhex(key), batch_size=args.batch_size)
-    )
+    for entry in allowlist_add(
+        [Path(f) for f in args.files], url=args.url, api_key=keys[1], key=keys[0], label=args.label
+    ):
+        print(f"allowlist entry {entry['id']}: {entry['label']} ({entry['fingerprint_count']} fingerprints)")
+    return 0
+
+
+def _canary(args: argparse.Namespace) -> int:
+    from service.probe import canary_probe
+
+    keys = _client_args(args, "admin")
+    if keys is None:
+        return 2
+    for _ in range(args.count):
+        r = canary_probe(
+            url=args.url,
+            api_key=keys[1],
+            key=keys[0],
+            tenant=args.tenant,
+            endpoint=args.endpoint,
+            endpoint_key=args.endpoint_key,
+            model=args.model,
+            tokens=args.tokens,
+        )
+        print(
+            f"canary {r.canary_id} ({r.label}, {r.tokens} tokens) sent: engine answered {r.status} in {r.seconds:.1f}s"
+        )
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from service.replay import replay_file
+
+    keys = _client_args(args, "ingest")
+    if keys is None:
+        return 2
+    result = asyncio.run(replay_file(args.file, url=args.url, api_key=keys[1], key=keys[0], batch_size=args.batch_size))
     print(
         f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
         f"{result.findings} findings, {result.rate:,.0f} exchanges/s"
@@ -104,11 +152,29 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="fingerprint a JSON Lines traffic file and send it")
     r.add_argument("file")
-    r.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL", "http://127.0.0.1:8400"))
-    r.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"))
-    r.add_argument("--key-file", help="file holding the fingerprint key in hex")
+    _add_client_flags(r)
     r.add_argument("--batch-size", type=int, default=200)
     r.set_defaults(func=_replay)
+
+    a = sub.add_parser("allowlist", help="allowlist public text (fingerprinted here; only hashes are sent)")
+    asub = a.add_subparsers(dest="allowlist_command", required=True)
+    aa = asub.add_parser("add")
+    aa.add_argument("files", nargs="+")
+    aa.add_argument("--label", help="default: the file name")
+    _add_client_flags(aa)
+    a.set_defaults(func=_allowlist)
+
+    c = sub.add_parser("canary", help="probe an OpenAI-compatible endpoint with canary prompts")
+    csub = c.add_subparsers(dest="canary_command", required=True)
+    cp = csub.add_parser("probe")
+    cp.add_argument("--endpoint", required=True, help="base URL of the OpenAI-compatible engine or gateway")
+    cp.add_argument("--endpoint-key", required=True, help="the canary tenant's API key at that endpoint")
+    cp.add_argument("--tenant", default="canary", help="the canary tenant's id as gateways report it")
+    cp.add_argument("--model", required=True)
+    cp.add_argument("--tokens", type=int, default=2000, help="prompt length; the incident hit prompts over 681,280")
+    cp.add_argument("--count", type=int, default=1)
+    _add_client_flags(cp)
+    c.set_defaults(func=_canary)
 
     k = sub.add_parser("keys", help="create, list and revoke API keys")
     ksub = k.add_subparsers(dest="keys_command", required=True)

@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     port: int = Field(8400, ge=0, le=65535)
     workers: int = Field(1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+
+    # Observability (docs/metrics.md): operator-named labels are capped; deployment and node are opt-in.
+    metrics_model_label: bool = True
+    metrics_max_models: int = Field(50, ge=1, le=1000)
+    metrics_node_labels: bool = False
+    metrics_max_nodes: int = Field(50, ge=1, le=1000)
+    tracing: bool = False
 
     @property
     def embedded(self) -> bool:

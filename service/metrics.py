@@ -1,13 +1,32 @@
-"""Every Prometheus metric bleedwatch exports, defined once (docs/metrics.md lists them).
+"""Every Prometheus metric bleedwatch exports, defined once; docs/metrics.md lists them all.
 
-Labels are bounded sets only: never a tenant, request id, model or fingerprint.
+Conventions: the ``bleedwatch_`` prefix, base units in the name (``_seconds``, ``_bytes``),
+counters end in ``_total``, gauges never do. Labels take bounded sets of values only: never a
+tenant, a request id or a fingerprint. Operator names (the model; deployment and node, opt-in)
+pass through a ``LabelCap``: the first N distinct values get their own label value, every later
+one is counted as ``other``. Label values known in advance are pre-initialised, so every series
+exists (at 0) before its first event and ``increase()`` sees that first event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
+import redis.exceptions
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from sqlalchemy import event
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from service.config import Settings
+    from service.index.base import DocMeta
+    from service.matching.matcher import FindingDraft
 
 
 def registry() -> CollectorRegistry:
@@ -22,20 +41,45 @@ def registry() -> CollectorRegistry:
     return merged
 
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SEVERITIES = ("low", "high", "critical")
+TEXT_KINDS = ("prompt", "response")
+BACKENDS = ("redis", "database")
+REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable")
+OTHER = "other"
+# Rules of service/deployments/ (issue 4) known today; more may appear, each is pre-initialised there.
+DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# From a response being served to bleedwatch knowing of it: SDK batching, retries, ingest, matching.
+LAG_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0)
+# Powers of two to 512 Ki tokens, then eighths of 1 Mi: fine where KV pools and context lengths sit.
+PROMPT_TOKEN_BUCKETS = (
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    131072.0,
+    262144.0,
+    524288.0,
+    655360.0,
+    786432.0,
+    917504.0,
+    1048576.0,
+    2097152.0,
+)
+
+# --- ingest -----------------------------------------------------------------------------------
 # Exchanges indexed and matched (duplicates of earlier ones excluded).
 EXCHANGES_INGESTED = Counter("bleedwatch_exchanges_ingested_total", "Exchanges indexed and matched.")
 # Exchanges skipped because the same (tenant, request id) was already ingested.
 EXCHANGES_DUPLICATE = Counter("bleedwatch_exchanges_duplicate_total", "Exchanges already ingested before.")
-# Fingerprints indexed, by text kind.
+# Fingerprints indexed, by text kind (prompt, response).
 FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Fingerprints indexed.", ["kind"])
 # Request bodies received on the ingest endpoint.
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
-# Batches refused, by reason (too_large, invalid, forbidden, unavailable).
+# Batches refused inside the ingest handler, by reason (REJECT_REASONS); 401s are in the HTTP counter.
 INGEST_REJECTED = Counter("bleedwatch_ingest_rejected_total", "Ingest batches refused.", ["reason"])
-# Findings created (a finding extended with more evidence is not counted again).
-FINDINGS = Counter("bleedwatch_findings_total", "Findings created.", ["severity"])
 # Whole ingest call: validation, index, matching, findings.
 INGEST_DURATION = Histogram(
     "bleedwatch_ingest_duration_seconds", "Time to handle one ingest batch.", buckets=LATENCY_BUCKETS
@@ -44,5 +88,229 @@ INGEST_DURATION = Histogram(
 MATCH_DURATION = Histogram(
     "bleedwatch_match_duration_seconds", "Time to index and cross-match one batch.", buckets=LATENCY_BUCKETS
 )
+# Age of each new exchange when ingested (now minus its timestamp): how late detection can be at best.
+INGEST_LAG = Histogram("bleedwatch_exchange_ingest_lag_seconds", "Age of exchanges when ingested.", buckets=LAG_BUCKETS)
+# Prompt length of every new exchange (gateway's prompt_tokens, else the fingerprinted token count).
+EXCHANGE_PROMPT_TOKENS = Histogram(
+    "bleedwatch_exchange_prompt_tokens", "Prompt length of ingested exchanges.", buckets=PROMPT_TOKEN_BUCKETS
+)
+# Exchanges gateways report they dropped before delivery (spool full, gave up); fed by the SDK (issue 7).
+SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gateways report as dropped.")
+
+# --- findings ---------------------------------------------------------------------------------
+# Findings created, by severity (a finding extended with more evidence is not counted again).
+FINDINGS = Counter("bleedwatch_findings_total", "Findings created.", ["severity"])
+# The same findings by model: the first BLEEDWATCH_METRICS_MAX_MODELS models, then "other".
+FINDINGS_BY_MODEL = Counter(
+    "bleedwatch_findings_by_model_total", "Findings created, by model (capped).", ["model", "severity"]
+)
+# Findings by deployment and node: opt-in (BLEEDWATCH_METRICS_NODE_LABELS), capped pairs, then "other".
+FINDINGS_BY_NODE = Counter(
+    "bleedwatch_findings_by_node_total",
+    "Findings created, by deployment and node (opt-in, capped).",
+    ["deployment", "node"],
+)
+# Prompt length of the recipient's request of each new finding: where leaks sit against KV pool sizes.
+FINDING_PROMPT_TOKENS = Histogram(
+    "bleedwatch_finding_prompt_tokens", "Recipient prompt length of new findings.", buckets=PROMPT_TOKEN_BUCKETS
+)
+# From the leaked response's timestamp to the finding being stored.
+DETECTION_LATENCY = Histogram(
+    "bleedwatch_detection_latency_seconds", "Response timestamp to finding stored.", buckets=LAG_BUCKETS
+)
+# Open incidents by severity; set by the incidents feature (issue 5).
+OPEN_INCIDENTS = Gauge(
+    "bleedwatch_open_incidents", "Incidents not yet resolved.", ["severity"], multiprocess_mode="mostrecent"
+)
+# Findings counted under "other" because a label's cap was reached (label: model, node).
+LABEL_OVERFLOW = Counter("bleedwatch_metric_label_overflow_total", "Label values folded into other.", ["label"])
+
+# --- canaries (issue 3) -----------------------------------------------------------------------
+# Canary probes sent through the gateways.
+CANARY_PROBES = Counter("bleedwatch_canary_probes_total", "Canary probes sent.")
+# When a canary probe's exchange last reached ingest (Unix time; 0 = never): the probe loop works.
+CANARY_LAST_SEEN = Gauge(
+    "bleedwatch_canary_last_seen_timestamp_seconds", "Last canary exchange ingested.", multiprocess_mode="max"
+)
+# Canary content found in another tenant's answer: a leak, always critical.
+CANARY_LEAKS = Counter("bleedwatch_canary_leaks_total", "Canary content found in another tenant's answer.")
+
+# --- deployments and engine signals (issue 4: service/deployments/, service/signals/) ---------
+# Deployments currently violating a risk rule (e.g. KV pool smaller than the context length).
+DEPLOYMENT_RISK_VIOLATIONS = Gauge(
+    "bleedwatch_deployment_risk_violations",
+    "Deployments violating a risk rule.",
+    ["rule"],
+    multiprocess_mode="mostrecent",
+)
+# Engine integrity signals received, by kind (kinds are defined by service/signals/).
+ENGINE_SIGNALS = Counter("bleedwatch_engine_signals_total", "Engine integrity signals received.", ["kind"])
+
+# --- backends and index -----------------------------------------------------------------------
 # Failed calls to a backend, by backend (redis, database).
 BACKEND_ERRORS = Counter("bleedwatch_backend_errors_total", "Failed backend calls.", ["backend"])
+# Round trips to a backend: Redis commands or pipeline executions, database statements.
+BACKEND_ROUND_TRIPS = Counter("bleedwatch_backend_round_trips_total", "Backend round trips.", ["backend"])
+# Items the index holds: Redis keys in its database (DBSIZE), or in-process table entries and documents.
+INDEX_ITEMS = Gauge("bleedwatch_index_items", "Items in the index.", multiprocess_mode="mostrecent")
+# Memory the index uses: Redis used_memory, or an estimate for the in-process index.
+INDEX_MEMORY = Gauge("bleedwatch_index_memory_bytes", "Memory used by the index.", multiprocess_mode="mostrecent")
+# BLEEDWATCH_RETENTION_SECONDS: fingerprints stay matchable at least this long.
+RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index.", multiprocess_mode="max")
+
+# --- HTTP -------------------------------------------------------------------------------------
+# Every HTTP response, by method, route template ("unmatched" for 404s outside the API) and status code.
+HTTP_REQUESTS = Counter("bleedwatch_http_requests_total", "HTTP responses.", ["method", "route", "code"])
+
+REDIS_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("redis")
+DATABASE_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("database")
+
+for _kind in TEXT_KINDS:
+    FINGERPRINTS_INGESTED.labels(_kind)
+for _reason in REJECT_REASONS:
+    INGEST_REJECTED.labels(_reason)
+for _severity in SEVERITIES:
+    FINDINGS.labels(_severity)
+    OPEN_INCIDENTS.labels(_severity)
+for _label in ("model", "node"):
+    LABEL_OVERFLOW.labels(_label)
+for _rule in DEPLOYMENT_RISK_RULES:
+    DEPLOYMENT_RISK_VIOLATIONS.labels(_rule)
+for _backend in BACKENDS:
+    BACKEND_ERRORS.labels(_backend)
+    BACKEND_ROUND_TRIPS.labels(_backend)
+
+
+class LabelCap:
+    """Bounds an operator-named label: the first ``limit`` distinct values keep their own series."""
+
+    def __init__(self, limit: int, *, enabled: bool = True) -> None:
+        self.limit = limit
+        self.enabled = enabled
+        self._seen: set[Hashable] = set()
+
+    def admit(self, value: Hashable) -> bool:
+        """Whether ``value`` has (or now gets) a label value of its own; False means count it as OTHER."""
+        if value in self._seen:
+            return True
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return True
+        return False
+
+
+MODELS = LabelCap(50)
+NODES = LabelCap(50, enabled=False)
+
+
+def configure(settings: Settings) -> None:
+    """Apply the settings that shape labels and the gauges that mirror settings (once per app start)."""
+    MODELS.enabled, MODELS.limit = settings.metrics_model_label, settings.metrics_max_models
+    NODES.enabled, NODES.limit = settings.metrics_node_labels, settings.metrics_max_nodes
+    RETENTION.set(settings.retention_seconds)
+
+
+def _model_label(model: str, *, count_overflow: bool) -> str | None:
+    if not MODELS.enabled:
+        return None
+    if MODELS.admit(model):
+        return model
+    if count_overflow:
+        LABEL_OVERFLOW.labels("model").inc()
+    return OTHER
+
+
+def _node_labels(deployment: object, node: object, *, count_overflow: bool) -> tuple[str, str] | None:
+    if not NODES.enabled:
+        return None
+    pair = ("unknown" if deployment is None else str(deployment), "unknown" if node is None else str(node))
+    if NODES.admit(pair):
+        return pair
+    if count_overflow:
+        LABEL_OVERFLOW.labels("node").inc()
+    return OTHER, OTHER
+
+
+def record_exchange(prompt: DocMeta, now: float) -> None:
+    """One new exchange, from its prompt's metadata: prompt length, age, label slots for model and node.
+
+    Taking the slots here, before any finding, pre-initialises the model's finding series at 0.
+    """
+    prompt_tokens = prompt.context.get("prompt_tokens")
+    EXCHANGE_PROMPT_TOKENS.observe(prompt_tokens if isinstance(prompt_tokens, int) else prompt.token_count)
+    INGEST_LAG.observe(max(0.0, now - prompt.ts))
+    model_label = _model_label(prompt.model, count_overflow=False)
+    if model_label is not None:
+        for severity in SEVERITIES:
+            FINDINGS_BY_MODEL.labels(model_label, severity)
+    nodes = _node_labels(prompt.context.get("deployment"), prompt.context.get("node"), count_overflow=False)
+    if nodes is not None:
+        FINDINGS_BY_NODE.labels(*nodes)
+
+
+def record_finding(draft: FindingDraft) -> None:
+    """One finding created (not one extended)."""
+    FINDINGS.labels(draft.severity).inc()
+    model_label = _model_label(draft.model, count_overflow=True)
+    if model_label is not None:
+        FINDINGS_BY_MODEL.labels(model_label, draft.severity).inc()
+    nodes = _node_labels(draft.deployment, draft.node, count_overflow=True)
+    if nodes is not None:
+        FINDINGS_BY_NODE.labels(*nodes).inc()
+    if draft.prompt_tokens is not None:
+        FINDING_PROMPT_TOKENS.observe(draft.prompt_tokens)
+    DETECTION_LATENCY.observe(max(0.0, time.time() - draft.response_at.timestamp()))
+
+
+def http_response(method: str, route: str, status: int) -> None:
+    """One HTTP response; ``method`` is one of HTTP_METHODS or OTHER, ``route`` a route template."""
+    HTTP_REQUESTS.labels(method, route, str(status)).inc()
+
+
+def instrument_engine(engine: AsyncEngine) -> None:
+    """Count every statement the database engine sends."""
+
+    def count(*_: object) -> None:
+        DATABASE_ROUND_TRIPS.inc()
+
+    if not event.contains(engine.sync_engine, "before_cursor_execute", count):
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    items: int
+    memory_bytes: int
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    async def stats(self) -> IndexStats: ...
+
+
+class IndexStatsCache:
+    """Index size and memory for /metrics, asked of the backend at most every ``max_age_seconds``.
+
+    Two cheap calls for Redis (DBSIZE, INFO memory) under a short timeout, never a SCAN.
+    """
+
+    def __init__(self, max_age_seconds: float = 15.0, timeout_seconds: float = 1.0) -> None:
+        self.max_age_seconds = max_age_seconds
+        self.timeout_seconds = timeout_seconds
+        self._at = -float("inf")
+
+    async def refresh(self, index: object) -> None:
+        now = time.monotonic()
+        if now - self._at < self.max_age_seconds or not isinstance(index, ReportsStats):
+            return
+        self._at = now
+        try:
+            stats = await asyncio.wait_for(index.stats(), self.timeout_seconds)
+        except (redis.exceptions.RedisError, OSError, TimeoutError):
+            BACKEND_ERRORS.labels("redis").inc()
+            return
+        INDEX_ITEMS.set(stats.items)
+        INDEX_MEMORY.set(stats.memory_bytes)
+
+
+INDEX_STATS = IndexStatsCache()

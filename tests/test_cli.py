@@ -60,10 +60,23 @@ def test_replay_finds_the_leak_in_a_traffic_file(
     _, read = create(capsys, "read")
     now = time.time()
     lines = [
-        {"ts": now, "tenant": "b", "request_id": "rb", "model": "m", "prompt": words("csv"),
-         "response": words("json", 0, 50) + " " + words("argparse", 100, 150), "meta": {"node": "n7"}},
-        {"ts": "2026-12-02T10:00:00+00:00", "tenant": "a", "request_id": "ra", "model": "m",
-         "prompt": words("argparse"), "response": words("heapq", 0, 60)},
+        {
+            "ts": now,
+            "tenant": "b",
+            "request_id": "rb",
+            "model": "m",
+            "prompt": words("csv"),
+            "response": words("json", 0, 50) + " " + words("argparse", 100, 150),
+            "meta": {"node": "n7"},
+        },
+        {
+            "ts": "2026-12-02T10:00:00+00:00",
+            "tenant": "a",
+            "request_id": "ra",
+            "model": "m",
+            "prompt": words("argparse"),
+            "response": words("heapq", 0, 60),
+        },
     ]
     traffic = tmp_path / "traffic.jsonl"
     traffic.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")

@@ -54,8 +54,9 @@ class Hit:
     """The ``batch_pos``-th incoming doc shares ``count`` fingerprints with entries of another
     tenant whose first doc is ``doc``.
 
-    Fingerprints that are common, or that the would-be recipient has in a prompt of its own,
-    are not counted. The matcher decides from ``kinds`` which side may be the leak.
+    Only what may be a leak counts: an incoming response against the other tenant's prompts,
+    or an incoming prompt against the other tenant's responses, leaving out fingerprints that
+    are common or that the would-be recipient has in a prompt of its own.
     """
 
     batch_pos: int

@@ -123,11 +123,12 @@ class MemoryIndex:
 
 
 def _counts(doc: Doc, mine: Entry | None, other: Entry) -> bool:
-    """Whether a shared fingerprint is evidence of a leak in one direction or the other.
+    """Whether a shared fingerprint is evidence of a leak, in one direction or the other.
 
-    Either the incoming doc is a response and its tenant never had the text in a prompt of
-    its own, or the other tenant had the text only in responses (it may be the recipient).
+    Leaks go from a prompt to another tenant's response: either the incoming doc is a response
+    and the other tenant had the text in a prompt (and the recipient never did), or the
+    incoming doc is a prompt and the other tenant had the text in responses only.
     """
-    if doc.kind & Kind.RESPONSE and not (mine and mine.kinds & Kind.PROMPT):
-        return True
-    return not other.kinds & Kind.PROMPT
+    if doc.kind & Kind.RESPONSE:
+        return bool(other.kinds & Kind.PROMPT) and not (mine and mine.kinds & Kind.PROMPT)
+    return other.kinds == Kind.RESPONSE

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import orjson
 from redis.asyncio import Redis, RedisCluster
 
+from service import metrics
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup
 from service.index.keys import SHARD_BITS, Keys
@@ -104,6 +105,7 @@ class RedisIndex:
         self._tenant_cache: dict[str, int] = {}
 
     async def ping(self) -> None:
+        metrics.REDIS_ROUND_TRIPS.inc()
         await self._r.ping()
 
     async def close(self) -> None:
@@ -112,11 +114,13 @@ class RedisIndex:
     async def tenant_refs(self, names: list[str]) -> dict[str, int]:
         missing = sorted({n for n in names if n not in self._tenant_cache})
         if missing:
+            metrics.REDIS_ROUND_TRIPS.inc()
             refs = await self._tenant_script(keys=[self._keys.tenant_names, self._keys.tenant_seq], args=missing)
             self._tenant_cache.update(zip(missing, (int(r) for r in refs), strict=True))
         return {n: self._tenant_cache[n] for n in names}
 
     async def new_doc_refs(self, count: int) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
         last = int(await self._r.incrby(self._keys.doc_seq, count))
         return last - count + 1
 
@@ -127,6 +131,7 @@ class RedisIndex:
         async with self._r.pipeline(transaction=False) as pipe:
             for ref, meta in docs.items():
                 pipe.set(self._keys.doc(ns, ref), encode_doc(meta, gen), ex=ttl)
+            metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
     async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
@@ -135,6 +140,7 @@ class RedisIndex:
         async with self._r.pipeline(transaction=False) as pipe:
             for ref in refs:
                 pipe.get(self._keys.doc(ns, ref))
+            metrics.REDIS_ROUND_TRIPS.inc()
             raws = await pipe.execute()
         oldest = self._window.live(now).start
         out = {}
@@ -203,6 +209,7 @@ class RedisIndex:
             for chunk in np.split(order, bounds):
                 shard = int(shards[chunk[0]])
                 await script(keys=[self._keys.shard(ns, shard)], args=[*args, records[chunk].tobytes()], client=pipe)
+            metrics.REDIS_ROUND_TRIPS.inc()
             return list(await pipe.execute())
 
     async def done(self, keys: list[str], now: float) -> list[bool]:
@@ -212,6 +219,7 @@ class RedisIndex:
             for key in keys:
                 pipe.get(self._keys.done(key))
             oldest = self._window.live(now).start
+            metrics.REDIS_ROUND_TRIPS.inc()
             return [raw is not None and int(raw) >= oldest for raw in await pipe.execute()]
 
     async def mark_done(self, keys: list[str], now: float) -> None:
@@ -221,4 +229,14 @@ class RedisIndex:
             gen = self._window.current(now)
             for key in keys:
                 pipe.set(self._keys.done(key), gen, ex=self._window.ttl_seconds)
+            metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
+
+    async def stats(self) -> metrics.IndexStats:
+        """For /metrics (cached there): keys in this Redis database and its used memory; two commands."""
+        metrics.REDIS_ROUND_TRIPS.inc(2)
+        items, memory = await self._r.dbsize(), await self._r.info("memory")
+        if isinstance(self._r, RedisCluster):  # per-node answers
+            items = sum(int(v) for v in items.values()) if isinstance(items, dict) else int(items)
+            memory = {"used_memory": sum(int(m.get("used_memory", 0)) for m in memory.values())}
+        return metrics.IndexStats(items=int(items), memory_bytes=int(memory["used_memory"]))

@@ -31,7 +31,9 @@ class Decoded:
     token_count: int
 
 
-def _array(value: str | list[int], dtype: np.dtype[np.unsignedinteger], where: str) -> npt.NDArray[np.unsignedinteger]:
+def decode_array(
+    value: str | list[int], dtype: np.dtype[np.unsignedinteger], where: str
+) -> npt.NDArray[np.unsignedinteger]:
     if isinstance(value, list):
         return np.array(value, dtype=dtype.newbyteorder("="))
     try:
@@ -41,8 +43,8 @@ def _array(value: str | list[int], dtype: np.dtype[np.unsignedinteger], where: s
 
 
 def decode_text(text: Text, where: str, limits: Limits) -> Decoded:
-    values = _array(text.fingerprints, U64_LE, f"{where}.fingerprints").astype(np.uint64)
-    offsets = _array(text.offsets, U32_LE, f"{where}.offsets").astype(np.uint32)
+    values = decode_array(text.fingerprints, U64_LE, f"{where}.fingerprints").astype(np.uint64)
+    offsets = decode_array(text.offsets, U32_LE, f"{where}.offsets").astype(np.uint32)
     if len(values) > limits.max_fingerprints:
         raise PayloadTooLarge(
             f"{where}.fingerprints: {len(values)} fingerprints, more than the limit of {limits.max_fingerprints} "

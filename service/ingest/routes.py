@@ -26,21 +26,6 @@ router = APIRouter(prefix="/v1", tags=["ingest"])
 _batch = TypeAdapter(Batch)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit``."""
-    declared = request.headers.get("content-length")
-    too_large = PayloadTooLarge(f"request body over {limit} bytes (BLEEDWATCH_MAX_BODY_BYTES); split the batch")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 @router.post(
     "/exchanges",
     status_code=202,
@@ -63,7 +48,7 @@ async def ingest_exchanges(
             content_type = request.headers.get("content-type", "")
             if content_type.split(";")[0].strip().lower() != "application/json":
                 raise UnsupportedMediaType("send the batch as Content-Type: application/json")
-            body = await read_body(request, deps.settings.max_body_bytes)
+            body = await request.body()  # at most BLEEDWATCH_MAX_BODY_BYTES: see service/body_limit.py
             metrics.INGEST_BYTES.inc(len(body))
             try:
                 batch = _batch.validate_json(body)

@@ -8,12 +8,13 @@ tenant, findings are upserts).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service import metrics
+from service import metrics, tracing
 from service.auth.keys import Caller
 from service.db import session_scope
 from service.errors import Forbidden
@@ -23,6 +24,9 @@ from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
 from service.ingest.schemas import Batch, Exchange, IngestResult
 from service.matching.matcher import Matcher
+
+
+log = logging.getLogger(__name__)
 
 
 def _idempotency_key(ex: Exchange) -> str:
@@ -36,16 +40,17 @@ class Ingestor:
         self._index = index
         self._matcher = matcher
         self._sessions = sessions
-        self._limits = limits
+        self.limits = limits
 
+    @tracing.traced("ingest")
     async def ingest(self, batch: Batch, caller: Caller) -> IngestResult:
         now = time.time()
-        check_batch(batch, self._limits, now)
+        check_batch(batch, self.limits, now)
         if caller.tenants is not None:
             for i, ex in enumerate(batch.exchanges):
                 if ex.tenant not in caller.tenants:
                     raise Forbidden(f"exchanges[{i}].tenant: this API key may not report for that tenant")
-        decoded = [decode_exchange(ex, i, self._limits) for i, ex in enumerate(batch.exchanges)]
+        decoded = [decode_exchange(ex, i, self.limits) for i, ex in enumerate(batch.exchanges)]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, ex in enumerate(batch.exchanges):
             groups[ex.key_id].append(i)
@@ -97,11 +102,14 @@ class Ingestor:
             async with session_scope(self._sessions) as session:
                 changed = await store.upsert(session, drafts)
             created = len(changed)
-            for draft, _, new in changed:
+            for draft, finding_id, new in changed:
                 if new:
-                    metrics.FINDINGS.labels(draft.severity).inc()
+                    metrics.record_finding(draft)
+                    log.info("finding_created", extra={"finding_id": finding_id, "severity": draft.severity})
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)
         metrics.EXCHANGES_INGESTED.inc(len(fresh))
+        for j in range(len(fresh)):
+            metrics.record_exchange(metas[first + 2 * j], now)
         for doc in docs:
             metrics.FINGERPRINTS_INGESTED.labels(kind_name(doc.kind)).inc(len(doc.values))
         return len(fresh), duplicates, created

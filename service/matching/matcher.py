@@ -6,7 +6,9 @@ on which replica saw which part: evaluating twice gives the same or a larger fin
 
 Per response fingerprint, in this order: allowlisted -> ignored; a canary's -> evidence for
 that canary, whatever else holds it; common (many tenants) -> ignored; in one of the
-recipient's own prompts (self-echo) -> ignored; else evidence for every other tenant holding it.
+recipient's own prompts (self-echo) -> ignored; else evidence for every other tenant that had it
+in a prompt. Other tenants' responses are never a source: identical stock answers are common,
+and what a KV leak carries is derived from the victim's prompt.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class Matcher:
             if any(e.tenant == recipient and e.kinds & Kind.PROMPT for e in found.entries):
                 continue  # self-echo: the recipient sent this text itself
             for e in found.entries:
-                if e.tenant != recipient:
+                if e.tenant != recipient and e.kinds & Kind.PROMPT:  # leaks come from prompts
                     matches.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
         if not matches:
             return None

@@ -56,7 +56,10 @@ for r = 1, #records, 25 do
     for _, t in ipairs(tenants) do
       if t ~= tenant then
         local e = merged[t]
-        if (kind == 2 and not self_prompt) or bit.band(e[3], 1) == 0 then
+        -- A leak goes from a prompt to another tenant's response (see memory.py's _counts).
+        local hit
+        if kind == 2 then hit = bit.band(e[3], 1) == 1 and not self_prompt else hit = e[3] == 2 end
+        if hit then
           local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
           local h = hits[hk]
           if h then h[5] = h[5] + 1 else

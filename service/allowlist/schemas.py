@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from service.ingest.schemas import KeyId
+
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class AllowlistIn(BaseModel):
+    """Fingerprints of public text, made by ``bleedwatch allowlist add`` with the gateway key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key_id: KeyId
+    label: Label = Field(description="What the text is, e.g. 'GPL-3.0 license text'.")
+    fingerprints: str | list[Annotated[int, Field(ge=0, lt=2**64)]]
+
+
+class AllowlistOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    key_id: str
+    label: str
+    origin: str
+    fingerprint_count: int
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+    revoked_by: str | None
+
+
+class AllowlistPage(BaseModel):
+    items: list[AllowlistOut]

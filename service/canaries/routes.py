@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+
+from service.auth.deps import require
+from service.auth.keys import Caller, Role
+from service.canaries import store
+from service.canaries.schemas import CanaryIn, CanaryOut, CanaryPage
+from service.db import session_scope
+from service.deps import Deps
+from service.errors import Forbidden, Invalid, NotFound, PayloadTooLarge, Unauthorized, responses
+from service.ingest.decode import decode_text
+
+router = APIRouter(prefix="/v1/canaries", tags=["canaries"])
+Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=CanaryOut,
+    responses=responses(Unauthorized, Forbidden, PayloadTooLarge, Invalid),
+)
+async def register(deps: Deps, caller: Admin, body: CanaryIn) -> CanaryOut:
+    """From now on, any other tenant's response containing this text is a critical finding.
+
+    Canary text never counts as common and outlives the retention window until revoked.
+    """
+    text = decode_text(body.text, "text", deps.ingestor.limits)
+    async with session_scope(deps.sessions) as session:
+        canary = await store.add(session, body.key_id, body.tenant, body.label, text, caller.key_id)
+    deps.known.invalidate(body.key_id)
+    return CanaryOut.model_validate(canary)
+
+
+@router.get("", response_model=CanaryPage, responses=responses(Unauthorized, Forbidden))
+async def list_canaries(
+    deps: Deps, _: Admin, key_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None
+) -> CanaryPage:
+    async with session_scope(deps.sessions) as session:
+        return CanaryPage(items=[CanaryOut.model_validate(c) for c in await store.canaries(session, key_id)])
+
+
+@router.delete("/{canary_id}", response_model=CanaryOut, responses=responses(Unauthorized, Forbidden, NotFound))
+async def revoke(deps: Deps, _: Admin, canary_id: Annotated[int, Path(ge=1, lt=2**63)]) -> CanaryOut:
+    async with session_scope(deps.sessions) as session:
+        canary = await store.revoke(session, canary_id)
+        if canary is None:
+            raise NotFound(f"no canary {canary_id}")
+        out = CanaryOut.model_validate(canary)
+    deps.known.invalidate(out.key_id)
+    return out

@@ -1,0 +1,129 @@
+"""Each suppression rule and the canary rule, end to end on every backend."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from service.auth.keys import Role
+from service.fingerprint.encoding import U32_LE, U64_LE, encode
+from service.fingerprint.scheme import DEFAULT_PARAMS, key_id
+from service.probe import UNSAMPLED, canary_text
+from tests.conftest import Api
+from tests.traffic import KEY, fp, words
+from tests.traffic import exchange as ex
+
+pytestmark = pytest.mark.anyio
+
+NS = key_id(KEY, DEFAULT_PARAMS)
+LICENSE = words("unittest", 80, 200)  # stands in for public text many tenants quote
+
+
+async def post(api: Api, *exchanges: dict[str, Any]) -> dict[str, Any]:
+    resp = await api.client.post("/v1/exchanges", json={"exchanges": list(exchanges)}, headers=api.headers(Role.INGEST))
+    assert resp.status_code == 202, resp.text
+    result: dict[str, Any] = resp.json()
+    return result
+
+
+async def findings(api: Api) -> list[dict[str, Any]]:
+    resp = await api.client.get("/v1/findings", headers=api.headers(Role.READ))
+    items: list[dict[str, Any]] = resp.json()["items"]
+    return items
+
+
+async def admin(api: Api, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    resp = await api.client.request(method, path, headers=api.headers(Role.ADMIN), **kwargs)
+    assert resp.status_code in (200, 201), resp.text
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+async def test_text_of_many_tenants_is_boilerplate(api: Api) -> None:
+    now = time.time()
+    for i in range(3):  # common_tenants = 3
+        await post(
+            api, ex(f"t{i}", f"r{i}", LICENSE + " " + words("csv", 50 * i, 50 * i + 40), words("json", 0, 30), now)
+        )
+    await post(api, ex("t9", "r9", words("heapq"), "Quoting: " + LICENSE, now))
+    assert await findings(api) == []
+
+
+async def test_two_tenants_are_not_yet_boilerplate(api: Api) -> None:
+    now = time.time()
+    await post(api, ex("t0", "r0", LICENSE, words("json", 0, 30), now))
+    await post(api, ex("t9", "r9", words("heapq"), "Quoting: " + LICENSE, now))
+    assert [f["source_tenant"] for f in await findings(api)] == ["t0"]
+
+
+async def test_the_recipients_own_earlier_prompt_is_self_echo(api: Api) -> None:
+    now = time.time()
+    await post(api, ex("a", "a1", words("argparse"), words("json", 0, 30), now))
+    await post(api, ex("b", "b1", "Here is some text: " + words("argparse", 50, 120), words("csv", 0, 40), now))
+    await post(api, ex("b", "b2", words("heapq"), words("argparse", 60, 110), now))  # echoes b1, not a1
+    assert await findings(api) == []
+
+
+async def test_allowlisted_text_never_makes_a_finding_until_revoked(api: Api) -> None:
+    now = time.time()
+    entry = await admin(
+        api,
+        "POST",
+        "/v1/allowlist",
+        json={"key_id": NS, "label": "public text", "fingerprints": encode(fp(LICENSE).values, U64_LE)},
+    )
+    assert entry["fingerprint_count"] == len(set(fp(LICENSE).values.tolist()))
+    await post(api, ex("a", "a1", LICENSE, words("json", 0, 30), now))
+    await post(api, ex("b", "b1", words("heapq"), LICENSE, now))
+    assert await findings(api) == []
+    listed = await admin(api, "GET", "/v1/allowlist")
+    assert [e["id"] for e in listed["items"]] == [entry["id"]]
+    revoked = await admin(api, "DELETE", f"/v1/allowlist/{entry['id']}")
+    assert revoked["revoked_at"] is not None
+    await post(api, ex("b", "b2", words("heapq"), LICENSE, now))
+    assert [f["recipient_request_id"] for f in await findings(api)] == ["b2"]
+
+
+async def test_a_canary_in_anyone_elses_answer_is_critical(api: Api) -> None:
+    now = time.time()
+    canary = canary_text(300)
+    cfp = fp(canary, UNSAMPLED)
+    text = {
+        "fingerprints": encode(cfp.values, U64_LE),
+        "offsets": encode(cfp.offsets, U32_LE),
+        "token_count": cfp.token_count,
+    }
+    made = await admin(
+        api, "POST", "/v1/canaries", json={"key_id": NS, "tenant": "canary", "label": "p1", "text": text}
+    )
+    # The canary tenant's own traffic, and three tenants quoting the canary: it must not become common.
+    await post(api, ex("canary", "c1", canary, words("json", 0, 30), now))
+    for i in range(3):
+        await post(api, ex(f"q{i}", f"q{i}", canary, words("csv", 40 * i, 40 * i + 30), now))
+    assert await findings(api) == []
+    leaked = " ".join(canary.split()[100:130])  # 30 tokens
+    await post(api, ex("victim", "v1", words("heapq"), words("difflib", 0, 40) + " " + leaked, now))
+    (f,) = await findings(api)
+    assert (f["recipient_tenant"], f["source_tenant"], f["severity"]) == ("victim", "canary", "critical")
+    assert f["source_request_ids"] == ["canary:p1"]
+    (rng,) = f["evidence"]["sources"][0]["ranges"]
+    assert rng["source_kind"] == "canary"
+    assert 90 <= rng["source"][0] <= 110
+    await admin(api, "DELETE", f"/v1/canaries/{made['id']}")
+    assert [c["revoked_at"] is not None for c in (await admin(api, "GET", "/v1/canaries"))["items"]] == [True]
+
+
+async def test_a_million_token_prompt_is_sampled_and_still_leaks(api: Api) -> None:
+    now = time.time()
+    filler = canary_text(1_000_000).split()
+    leak = words("argparse", 0, 300)
+    prompt = " ".join(filler[:900_000]) + " " + leak + " " + " ".join(filler[900_000:])
+    long = ex("a", "a-long", prompt, words("json", 0, 30), now)
+    assert long["prompt"]["token_count"] > 1_000_000
+    await post(api, long)
+    await post(api, ex("b", "b1", words("heapq"), words("csv", 0, 30) + " " + " ".join(leak.split()[100:250]), now))
+    (f,) = await findings(api)
+    assert (f["source_tenant"], f["source_request_ids"], f["recipient_tenant"]) == ("a", ["a-long"], "b")
+    assert f["longest_run_words"] >= 64  # 150 words, seen through 1-in-8 sampling at the edges
