@@ -7,22 +7,26 @@ bleedwatch can rebuild the same corpus.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import random
+import sys
 import warnings
 
 
 def docstrings(min_words: int = 40) -> list[list[str]]:
-    """Word lists of every stdlib module, class and function docstring with at least ``min_words``."""
+    """Word lists of every stdlib module, class and function docstring with at least ``min_words``.
+
+    Only the standard library (``sys.stdlib_module_names``), so the corpus is the same on every
+    machine with the same Python, whatever else is installed or on the path.
+    """
     out: list[list[str]] = []
     seen: set[str] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for info in sorted(pkgutil.iter_modules(), key=lambda m: m.name):
-            if info.name.startswith("_") or info.name in {"antigravity", "this", "idlelib", "tkinter", "turtle"}:
+        for name in sorted(sys.stdlib_module_names):
+            if name.startswith("_") or name in {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"}:
                 continue
             try:
-                module = importlib.import_module(info.name)
+                module = importlib.import_module(name)
             except Exception:  # noqa: S112 - optional modules missing on this platform
                 continue
             for obj in [module, *vars(module).values()]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
 import secrets
@@ -20,23 +19,17 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-import psycopg
-import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import docstrings, text
-from service.local_server import free_port
+from bench.service import REDIS_URL, running_service
 from service.sdk.exchange import fingerprint_exchange
-
-REDIS_URL = os.environ.get("BLEEDWATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-DATABASE_URL = os.environ.get("BLEEDWATCH_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def traffic(n: int, tenants: int, long_share: float, seed: int) -> list[dict[str, Any]]:
@@ -116,49 +109,11 @@ def main() -> None:
     batches = [orjson.dumps({"exchanges": exchanges[i : i + args.batch]}) for i in range(0, len(exchanges), args.batch)]
     total_fps = fingerprints(exchanges)
 
-    run = uuid.uuid4().hex[:8]
-    schema = f"bw_bench_{run}"
-    admin = psycopg.connect(DATABASE_URL, autocommit=True)
-    admin.execute(f'CREATE SCHEMA "{schema}"')
-    env = os.environ | {
-        "BLEEDWATCH_REDIS_URL": REDIS_URL,
-        "BLEEDWATCH_DATABASE_URL": f"{DATABASE_URL}?options=-csearch_path%3D{schema}",
-        "BLEEDWATCH_KEY_PREFIX": f"bwbench{run}",
-        "BLEEDWATCH_WORKERS": str(args.workers),
-        "BLEEDWATCH_LOG_LEVEL": "warning",
-    }
-    bleedwatch = str(Path(sys.executable).parent / "bleedwatch")
-    subprocess.run([bleedwatch, "migrate"], env=env, check=True, capture_output=True)
-    created = subprocess.run(
-        [bleedwatch, "keys", "create", "--name", "bench", "--role", "ingest"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    token = created.split()[-1]
-    port = free_port()
-    server = subprocess.Popen([bleedwatch, "serve", "--port", str(port)], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    with running_service(workers=args.workers) as service:
+        token = service.key("ingest")
         start = time.perf_counter()
-        latencies = asyncio.run(post_all(url, token, batches, args.concurrency))
+        latencies = asyncio.run(post_all(service.url, token, batches, args.concurrency))
         elapsed = time.perf_counter() - start
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"bwbench{run}:*", count=1000))
-        for i in range(0, len(keys), 1000):
-            client.unlink(*keys[i : i + 1000])
-        admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
     ceiling = redis_ceiling()
     latencies.sort()
     fps_rate = total_fps / elapsed

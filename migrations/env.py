@@ -9,7 +9,9 @@ from service.allowlist import models as _allowlist_models  # noqa: F401  (regist
 from service.auth import models as _auth_models  # noqa: F401
 from service.canaries import models as _canary_models  # noqa: F401
 from service.db import Base
+from service.deployments import models as _deployment_models  # noqa: F401
 from service.findings import models as _finding_models  # noqa: F401
+from service.signals import models as _signal_models  # noqa: F401
 
 config = context.config
 url = config.attributes.get("sqlalchemy_url")

@@ -21,6 +21,10 @@ from service.body_limit import BodyLimit
 from service.canaries.routes import router as canaries_router
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
+from service.deployments.risk import RiskMonitor
+from service.deployments.routes import router as deployments_router
+from service.deployments.rules import load_rules
+from service.deployments.settings import RiskSettings
 from service.deps import AppDeps, Deps
 from service.findings.routes import router as findings_router
 from service.index.base import Index
@@ -36,6 +40,7 @@ from service.matching.evidence import Thresholds
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
 from service.migrate import upgrade
+from service.signals.routes import router as signals_router
 
 RETRY_AFTER_SECONDS = 5
 log = logging.getLogger(__name__)
@@ -44,7 +49,7 @@ log = logging.getLogger(__name__)
 def make_index(settings: Settings) -> Index:
     window = Window(settings.retention_seconds, settings.index_generations)
     if settings.redis_url is None:
-        return MemoryIndex(window, settings.common_tenants)
+        return MemoryIndex(window, settings.common_prompt_tenants, settings.common_tenants)
     client: Redis | RedisCluster
     if settings.redis_cluster:
         client = RedisCluster.from_url(
@@ -58,7 +63,14 @@ def make_index(settings: Settings) -> Index:
             client_name="bleedwatch",
             health_check_interval=15,
         )
-    return RedisIndex(client, Keys(settings.key_prefix), window, settings.common_tenants, settings.index_bucket_bits)
+    return RedisIndex(
+        client,
+        Keys(settings.key_prefix),
+        window,
+        settings.common_prompt_tenants,
+        settings.common_tenants,
+        settings.index_bucket_bits,
+    )
 
 
 def thresholds(settings: Settings) -> Thresholds:
@@ -84,6 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
+        risk_settings = RiskSettings()
+        risk = RiskMonitor(sessions, load_rules(risk_settings.risk_rules_file), risk_settings.risk_refresh_seconds)
         limits = Limits(settings.max_batch_exchanges, settings.max_fingerprints_per_text, settings.max_future_seconds)
         app.state.deps = AppDeps(
             settings=settings,
@@ -93,10 +107,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ingestor=Ingestor(index, Matcher(index, known, thresholds(settings)), sessions, limits),
             known=known,
             keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
+            risk=risk,
         )
+        await risk.start()  # the risk gauges, from the database, before the first scrape
         try:
             yield
         finally:
+            await risk.stop()
             await index.close()
             await engine.dispose()
 
@@ -127,6 +144,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(findings_router)
     app.include_router(allowlist_router)
     app.include_router(canaries_router)
+    app.include_router(deployments_router)
+    app.include_router(signals_router)
 
     @app.get("/healthz", tags=["health"], summary="The process is alive")
     async def healthz() -> dict[str, str]:

@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from service.auth.keys import Role
+from service.sim.cli import add_parser as add_sim_parser
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.config import Settings
+    from service.logging import log_config
 
     settings = Settings()
     if settings.embedded and settings.workers > 1:
@@ -35,6 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,
+        log_config=log_config(settings.log_level, settings.log_format),  # JSON lines (service/logging.py)
+        access_log=False,  # raw paths and query strings: service.logging.RequestContext logs templates
         timeout_graceful_shutdown=30,
     )
     return 0
@@ -187,9 +191,11 @@ def parser() -> argparse.ArgumentParser:
     kr.add_argument("key_id")
     k.set_defaults(func=_keys)
 
-    d = sub.add_parser("demo", help="run bleedwatch on the embedded default against a sample with a leak")
+    d = sub.add_parser("demo", help="the incident reproduced: a leaky engine, a gateway, bleedwatch; then the fix")
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")
     d.set_defaults(func=_demo)
+
+    add_sim_parser(sub)
     return p
 
 

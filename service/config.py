@@ -25,7 +25,8 @@ class Settings(BaseSettings):
     index_bucket_bits: int = Field(16, ge=8, le=24)
 
     # Detection thresholds (docs/detection.md explains each).
-    common_tenants: int = Field(3, ge=2, le=64)
+    common_prompt_tenants: int = Field(3, ge=2, le=64)
+    common_tenants: int = Field(8, ge=2, le=64)
     min_matched_fingerprints: int = Field(2, ge=1)
     min_run_tokens: int = Field(12, ge=1)
     high_run_tokens: int = Field(32, ge=1)

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from service.auth.keys import KeyVerifier
 from service.config import Settings
+from service.deployments.risk import RiskMonitor
 from service.index.base import Index
 from service.ingest.service import Ingestor
 from service.matching.known import KnownFingerprints
@@ -24,6 +25,7 @@ class AppDeps:
     ingestor: Ingestor
     keys: KeyVerifier
     known: KnownFingerprints
+    risk: RiskMonitor
 
 
 def get_deps(request: Request) -> AppDeps:

@@ -18,6 +18,7 @@ import re
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -89,10 +90,13 @@ def log_config(level: str = "info", fmt: str = "json") -> dict[str, Any]:
         "handlers": {
             "stdout": {"class": "logging.StreamHandler", "formatter": "bleedwatch", "stream": "ext://sys.stdout"}
         },
-        "root": {"handlers": ["stdout"], "level": upper},
+        # Third-party loggers stay at WARNING whatever the level: at DEBUG some print SQL parameters.
+        "root": {"handlers": ["stdout"], "level": "WARNING"},
         "loggers": {
-            "uvicorn": {"handlers": [], "level": upper, "propagate": True},
-            "uvicorn.error": {"handlers": [], "level": upper, "propagate": True},
+            "service": {"level": upper},
+            "bleedwatch": {"level": upper},
+            "uvicorn": {"level": upper},
+            "uvicorn.error": {"level": upper},
             # Raw paths with query strings: replaced by bleedwatch.access.
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
         },
@@ -104,10 +108,15 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     logging.config.dictConfig(log_config(level, fmt))
 
 
-def _route(scope: Scope) -> str:
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "unmatched"
+def _template_matcher(app: Any) -> Callable[[str], str | None]:
+    """Route templates of the app's API (from its OpenAPI paths), for answers given before routing."""
+    paths = list(app.openapi().get("paths", {})) if hasattr(app, "openapi") else []
+    compiled = [(re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(p)) + "$"), p) for p in paths]
+
+    def match(path: str) -> str | None:
+        return next((template for regex, template in compiled if regex.match(path)), None)
+
+    return match
 
 
 class RequestContext:
@@ -116,6 +125,16 @@ class RequestContext:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._templates: Callable[[str], str | None] | None = None
+
+    def _route(self, scope: Scope) -> str:
+        """The route template; for answers given before routing (BodyLimit's 413), the one that fits."""
+        path = getattr(scope.get("route"), "path", None)
+        if isinstance(path, str):
+            return path
+        if self._templates is None:
+            self._templates = _template_matcher(scope.get("app"))
+        return self._templates(scope["path"]) or "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,7 +156,7 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            route = _route(scope)
+            route = self._route(scope)
             method = scope["method"] if scope["method"] in metrics.HTTP_METHODS else metrics.OTHER
             duration = time.perf_counter() - started
             metrics.http_response(method, route, status)

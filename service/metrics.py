@@ -46,8 +46,16 @@ TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
 REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable")
 OTHER = "other"
-# Rules of service/deployments/ (issue 4) known today; more may appear, each is pre-initialised there.
+# Rules of service/deployments/rules.toml known today; service/deployments/risk.py sets every rule it loads.
 DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)
+# service.signals.schemas.SignalKind (a fixed set; tests/test_metrics.py keeps the two equal).
+ENGINE_SIGNAL_KINDS = (
+    "kv_transfer_checksum_mismatch",
+    "kv_transfer_short",
+    "foreign_request_metadata",
+    "kv_page_owner_mismatch",
+    "kv_transfer_aborted",
+)
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -78,7 +86,7 @@ EXCHANGES_DUPLICATE = Counter("bleedwatch_exchanges_duplicate_total", "Exchanges
 FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Fingerprints indexed.", ["kind"])
 # Request bodies received on the ingest endpoint.
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
-# Batches refused inside the ingest handler, by reason (REJECT_REASONS); 401s are in the HTTP counter.
+# Batches refused inside the ingest handler, by reason; 401s and BodyLimit's 413s: the HTTP counter.
 INGEST_REJECTED = Counter("bleedwatch_ingest_rejected_total", "Ingest batches refused.", ["reason"])
 # Whole ingest call: validation, index, matching, findings.
 INGEST_DURATION = Histogram(
@@ -126,13 +134,13 @@ OPEN_INCIDENTS = Gauge(
 LABEL_OVERFLOW = Counter("bleedwatch_metric_label_overflow_total", "Label values folded into other.", ["label"])
 
 # --- canaries (issue 3) -----------------------------------------------------------------------
-# Canary probes sent through the gateways.
-CANARY_PROBES = Counter("bleedwatch_canary_probes_total", "Canary probes sent.")
+# Canary probes: canaries registered (``bleedwatch canary probe`` registers one, then sends it).
+CANARY_PROBES = Counter("bleedwatch_canary_probes_total", "Canary probes registered.")
 # When a canary probe's exchange last reached ingest (Unix time; 0 = never): the probe loop works.
 CANARY_LAST_SEEN = Gauge(
     "bleedwatch_canary_last_seen_timestamp_seconds", "Last canary exchange ingested.", multiprocess_mode="max"
 )
-# Canary content found in another tenant's answer: a leak, always critical.
+# New findings whose evidence includes a canary: canary text in another tenant's answer, always critical.
 CANARY_LEAKS = Counter("bleedwatch_canary_leaks_total", "Canary content found in another tenant's answer.")
 
 # --- deployments and engine signals (issue 4: service/deployments/, service/signals/) ---------
@@ -145,6 +153,12 @@ DEPLOYMENT_RISK_VIOLATIONS = Gauge(
 )
 # Engine integrity signals received, by kind (kinds are defined by service/signals/).
 ENGINE_SIGNALS = Counter("bleedwatch_engine_signals_total", "Engine integrity signals received.", ["kind"])
+# Deployments with a registered serving config (recomputed from the database, as the risk gauge is).
+DEPLOYMENTS = Gauge("bleedwatch_deployments", "Deployments with a registered config.", multiprocess_mode="mostrecent")
+# Deployments violating at least one risk rule.
+DEPLOYMENTS_AT_RISK = Gauge(
+    "bleedwatch_deployments_at_risk", "Deployments violating at least one risk rule.", multiprocess_mode="mostrecent"
+)
 
 # --- backends and index -----------------------------------------------------------------------
 # Failed calls to a backend, by backend (redis, database).
@@ -159,7 +173,7 @@ INDEX_MEMORY = Gauge("bleedwatch_index_memory_bytes", "Memory used by the index.
 RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index.", multiprocess_mode="max")
 
 # --- HTTP -------------------------------------------------------------------------------------
-# Every HTTP response, by method, route template ("unmatched" for 404s outside the API) and status code.
+# Every HTTP response, by method, route template ("unmatched": no route fits the path) and status code.
 HTTP_REQUESTS = Counter("bleedwatch_http_requests_total", "HTTP responses.", ["method", "route", "code"])
 
 REDIS_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("redis")
@@ -169,13 +183,16 @@ for _kind in TEXT_KINDS:
     FINGERPRINTS_INGESTED.labels(_kind)
 for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
+# Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 for _severity in SEVERITIES:
     FINDINGS.labels(_severity)
-    OPEN_INCIDENTS.labels(_severity)
+    OPEN_INCIDENTS.labels(_severity).set(0)
 for _label in ("model", "node"):
     LABEL_OVERFLOW.labels(_label)
 for _rule in DEPLOYMENT_RISK_RULES:
-    DEPLOYMENT_RISK_VIOLATIONS.labels(_rule)
+    DEPLOYMENT_RISK_VIOLATIONS.labels(_rule).set(0)
+for _signal in ENGINE_SIGNAL_KINDS:
+    ENGINE_SIGNALS.labels(_signal)
 for _backend in BACKENDS:
     BACKEND_ERRORS.labels(_backend)
     BACKEND_ROUND_TRIPS.labels(_backend)
@@ -201,6 +218,7 @@ class LabelCap:
 
 MODELS = LabelCap(50)
 NODES = LabelCap(50, enabled=False)
+_initialised: set[Hashable] = set()  # label values whose finding series exist (bounded by the caps)
 
 
 def configure(settings: Settings) -> None:
@@ -240,11 +258,13 @@ def record_exchange(prompt: DocMeta, now: float) -> None:
     EXCHANGE_PROMPT_TOKENS.observe(prompt_tokens if isinstance(prompt_tokens, int) else prompt.token_count)
     INGEST_LAG.observe(max(0.0, now - prompt.ts))
     model_label = _model_label(prompt.model, count_overflow=False)
-    if model_label is not None:
+    if model_label is not None and ("model", model_label) not in _initialised:
+        _initialised.add(("model", model_label))
         for severity in SEVERITIES:
             FINDINGS_BY_MODEL.labels(model_label, severity)
     nodes = _node_labels(prompt.context.get("deployment"), prompt.context.get("node"), count_overflow=False)
-    if nodes is not None:
+    if nodes is not None and ("node", nodes) not in _initialised:
+        _initialised.add(("node", nodes))
         FINDINGS_BY_NODE.labels(*nodes)
 
 
@@ -260,6 +280,8 @@ def record_finding(draft: FindingDraft) -> None:
     if draft.prompt_tokens is not None:
         FINDING_PROMPT_TOKENS.observe(draft.prompt_tokens)
     DETECTION_LATENCY.observe(max(0.0, time.time() - draft.response_at.timestamp()))
+    if any(source.get("canary") for source in draft.evidence.get("sources", ())):
+        CANARY_LEAKS.inc()
 
 
 def http_response(method: str, route: str, status: int) -> None:

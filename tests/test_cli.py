@@ -98,7 +98,18 @@ def test_replay_without_keys_explains(embedded_env: Settings, capsys: pytest.Cap
 
 
 def test_demo_catches_its_leak(capsys: pytest.CaptureFixture[str]) -> None:
+    """The incident end to end: the buggy engine's leaks are findings, the fixed engine's traffic none."""
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "GET /v1/findings -> 1 finding(s)" in out
-    assert "acme's content reached globex in response globex-0001" in out
+    buggy, _, fixed = out.partition("3. The fixed engine")
+    assert "681,280 tokens for a 1,048,576-token context" in buggy
+    assert "critical kv_pool_below_context_length: the prefill KV pool holds 681,280 tokens" in buggy
+    assert "HTTP answers: 24 x 200" in buggy
+    assert re.search(r"bleedwatch: [1-9]\d* finding\(s\)", buggy)
+    assert re.search(r"\w+'s prompt text reached \w+ in chatcmpl-\w+", buggy)
+    assert "deployment sim-pd-1, node decode-" in buggy
+    assert re.search(r"every leak the engine knows of: (\d+)/\1 found, \1 with the right source", buggy)
+    assert 'bleedwatch_deployment_risk_violations{rule="kv_pool_below_context_length"} 2.0' in buggy
+    assert "HTTP answers: 20 x 200, 4 x 400" in fixed
+    assert "bleedwatch: 0 finding(s)" in fixed
+    assert "as expected" in fixed

@@ -90,19 +90,30 @@ async def test_text_of_many_tenants_becomes_common(index: Index) -> None:
     assert await index.insert(NS, [doc(4, 4, Kind.RESPONSE, text)], NOW) == []
 
 
-async def test_lookup_merges_kinds_and_keeps_the_first_doc(index: Index) -> None:
+async def test_lookup_merges_kinds_and_names_the_first_prompt(index: Index) -> None:
     text = words("subprocess", 0, 60)
+    offsets = fp(text).offsets.tolist()
     await index.insert(NS, [doc(1, 1, Kind.RESPONSE, text)], NOW)
     await index.insert(NS, [doc(2, 1, Kind.PROMPT, text)], NOW + 1)
-    found = await index.lookup(NS, fp(text).values, NOW + 2)
-    offsets = fp(text).offsets.tolist()
-    for x, offset in zip(found, offsets, strict=True):
+    await index.insert(NS, [doc(3, 1, Kind.PROMPT, text)], NOW + 2)
+    await index.insert(NS, [doc(4, 1, Kind.RESPONSE, text)], NOW + 3)
+    for x, offset in zip(await index.lookup(NS, fp(text).values, NOW + 4), offsets, strict=True):
         assert x.entries is not None
         assert [(e.tenant, e.doc, e.offset, e.kinds) for e in x.entries] == [
-            (1, 1, offset, Kind.PROMPT | Kind.RESPONSE)
+            (1, 2, offset, Kind.PROMPT | Kind.RESPONSE)
         ]
     unknown = await index.lookup(NS, np.array([1, 2**63, 2**64 - 1], dtype=np.uint64), NOW)
     assert [x.entries for x in unknown] == [(), (), ()]
+
+
+async def test_text_in_many_answers_is_common_but_a_leak_to_a_few_is_not(index: Index) -> None:
+    source = words("argparse")
+    await index.insert(NS, [doc(1, 1, Kind.PROMPT, source)], NOW)
+    for tenant in range(2, 8):  # the same content leaking to six other tenants: still evidence
+        hits = await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
+        assert [(h.tenant, h.doc) for h in hits] == [(1, 1)]
+    await index.insert(NS, [doc(8, 8, Kind.RESPONSE, source)], NOW)  # eighth tenant: common_tenants=8
+    assert all(x.entries is None for x in await index.lookup(NS, fp(source).values, NOW))
 
 
 async def test_namespaces_are_separate(index: Index) -> None:

@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from service import metrics
 from service.auth.deps import require
 from service.auth.keys import Caller, Role
 from service.canaries import store
@@ -32,6 +33,7 @@ async def register(deps: Deps, caller: Admin, body: CanaryIn) -> CanaryOut:
     async with session_scope(deps.sessions) as session:
         canary = await store.add(session, body.key_id, body.tenant, body.label, text, caller.key_id)
     deps.known.invalidate(body.key_id)
+    metrics.CANARY_PROBES.inc()
     return CanaryOut.model_validate(canary)
 
 

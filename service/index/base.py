@@ -5,8 +5,10 @@ Two backends implement it, Redis (``redis_index.py``) for deployments and an in-
 
 Per fingerprint the index keeps, within the retention window, one entry per tenant that used
 it: the tenant, the first document (prompt or response) it was seen in, its token offset there,
-and whether the tenant had it in a prompt, a response or both. Once ``common_tenants`` distinct
-tenants used a fingerprint it becomes *common* (shared boilerplate) and its entries are dropped.
+and whether the tenant had it in a prompt, a response or both. A fingerprint becomes *common*
+(shared boilerplate) and its entries are dropped once ``common_prompt_tenants`` tenants sent it
+in prompts, or ``common_tenants`` tenants had it at all: only senders count towards the first,
+so one tenant's text leaking into several answers keeps being evidence.
 """
 
 from __future__ import annotations

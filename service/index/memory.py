@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
+from service import metrics
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup
 from service.index.window import Window
 
@@ -16,9 +17,10 @@ _Table = dict[int, dict[int, Entry] | None]
 
 
 class MemoryIndex:
-    def __init__(self, window: Window, common_tenants: int) -> None:
+    def __init__(self, window: Window, common_prompt_tenants: int, common_tenants: int) -> None:
         self._window = window
-        self._common = common_tenants
+        self._common_prompt = common_prompt_tenants
+        self._common_any = common_tenants
         self._tables: dict[tuple[str, int], _Table] = {}
         self._docs: dict[tuple[str, int], tuple[int, DocMeta]] = {}
         self._done: dict[str, int] = {}
@@ -53,6 +55,7 @@ class MemoryIndex:
         return {ref: self._docs[(ns, ref)][1] for ref in refs if (ns, ref) in self._docs}
 
     def _merged(self, ns: str, value: int, gens: Iterable[int]) -> dict[int, Entry] | None:
+        """Entries over the live generations, oldest first; None when common."""
         merged: dict[int, Entry] = {}
         for gen in gens:
             table = self._tables.get((ns, gen))
@@ -63,8 +66,13 @@ class MemoryIndex:
                 return None
             for tenant, entry in entries.items():
                 old = merged.get(tenant)
-                merged[tenant] = entry if old is None else Entry(tenant, old.doc, old.offset, old.kinds | entry.kinds)
-        return None if len(merged) >= self._common else merged
+                merged[tenant] = entry if old is None else _fold(old, entry.doc, entry.offset, entry.kinds)
+        return None if self._is_common(merged.values()) else merged
+
+    def _is_common(self, entries: Iterable[Entry]) -> bool:
+        listed = list(entries)
+        senders = sum(1 for e in listed if e.kinds & Kind.PROMPT)
+        return senders >= self._common_prompt or len(listed) >= self._common_any
 
     async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
         self._expire(now)
@@ -82,15 +90,21 @@ class MemoryIndex:
                     if tenant != doc.tenant and _counts(doc, mine, other):
                         key = (pos, tenant, other.doc, other.kinds)
                         counts[key] = counts.get(key, 0) + 1
-                entries = current.get(value) or {}
-                if doc.tenant not in merged and len(merged) + 1 >= self._common:
+                after = dict(merged)
+                after[doc.tenant] = (
+                    Entry(doc.tenant, doc.ref, offset, doc.kind)
+                    if mine is None
+                    else _fold(mine, doc.ref, offset, doc.kind)
+                )
+                if self._is_common(after.values()):
                     current[value] = None
                     continue
+                entries = current.get(value) or {}
                 old = entries.get(doc.tenant)
                 entries[doc.tenant] = (
                     Entry(doc.tenant, doc.ref, offset, doc.kind)
                     if old is None
-                    else Entry(doc.tenant, old.doc, old.offset, old.kinds | doc.kind)
+                    else _fold(old, doc.ref, offset, doc.kind)
                 )
                 current[value] = entries
         return [Hit(*key, count) for key, count in counts.items()]
@@ -112,6 +126,16 @@ class MemoryIndex:
         for key in keys:
             self._done[key] = gen
 
+    async def stats(self) -> metrics.IndexStats:
+        """For /metrics: entries held, and a rough memory estimate (CPython object sizes, not measured)."""
+        fingerprints = sum(len(table) for table in self._tables.values())
+        arrays = sum(
+            (m.values.nbytes if m.values is not None else 0) + (m.offsets.nbytes if m.offsets is not None else 0)
+            for _, m in self._docs.values()
+        )
+        items = fingerprints + len(self._docs) + len(self._done)
+        return metrics.IndexStats(items, 350 * fingerprints + 600 * len(self._docs) + arrays + 150 * len(self._done))
+
     def _expire(self, now: float) -> None:
         oldest = self._window.live(now).start
         for key in [k for k in self._tables if k[1] < oldest]:
@@ -120,6 +144,13 @@ class MemoryIndex:
             del self._docs[doc_key]
         for done_key in [k for k, gen in self._done.items() if gen < oldest]:
             del self._done[done_key]
+
+
+def _fold(entry: Entry, doc: int, offset: int, kinds: Kind) -> Entry:
+    """Kinds add up; the first prompt doc replaces a response-only one (prompts are sources)."""
+    if entry.kinds == Kind.RESPONSE and kinds & Kind.PROMPT:
+        return Entry(entry.tenant, doc, offset, entry.kinds | kinds)
+    return Entry(entry.tenant, entry.doc, entry.offset, entry.kinds | kinds)
 
 
 def _counts(doc: Doc, mine: Entry | None, other: Entry) -> bool:

@@ -93,11 +93,19 @@ def decode_doc(raw: bytes) -> tuple[int, DocMeta]:
 
 
 class RedisIndex:
-    def __init__(self, client: RedisClient, keys: Keys, window: Window, common_tenants: int, bucket_bits: int):
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys,
+        window: Window,
+        common_prompt_tenants: int,
+        common_tenants: int,
+        bucket_bits: int,
+    ) -> None:
         self._r = client
         self._keys = keys
         self._window = window
-        self._common = common_tenants
+        self._common = (common_prompt_tenants, common_tenants)
         self._bucket_bits = bucket_bits - SHARD_BITS
         self._insert = client.register_script(_lua("insert.lua"))
         self._lookup = client.register_script(_lua("lookup.lua"))
@@ -166,7 +174,7 @@ class RedisIndex:
             self._window.current(now),
             self._window.generations,
             self._window.ttl_seconds,
-            self._common,
+            *self._common,
             self._bucket_bits,
         ]
         replies = await self._per_shard(ns, records, self._insert, common_args)
@@ -183,7 +191,7 @@ class RedisIndex:
             return out
         records = np.empty(len(values), dtype=_LOOKUP_RECORD)
         records["pos"], records["value"] = np.arange(len(values)), values
-        common_args = [self._window.current(now), self._window.generations, self._common, self._bucket_bits]
+        common_args = [self._window.current(now), self._window.generations, *self._common, self._bucket_bits]
         for reply in await self._per_shard(ns, records, self._lookup, common_args):
             i = 0
             while i < len(reply):

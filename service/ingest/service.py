@@ -25,7 +25,6 @@ from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
 from service.ingest.schemas import Batch, Exchange, IngestResult
 from service.matching.matcher import Matcher
 
-
 log = logging.getLogger(__name__)
 
 

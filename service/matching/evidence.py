@@ -6,15 +6,17 @@ the reasoning and the measured effect of each threshold.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from service.fingerprint.scheme import Params
 
-# Consecutive matches of one run may be this many winnowing windows apart (a substituted word
-# removes up to n shingles, so up to about two windows can pass without a fingerprint).
-GAP_WINDOWS = 3
+# Consecutive matches of one run may be this many tokens apart: a changed word costs n shingles,
+# and shingles shared with many tenants (common) are left out, which can leave longer gaps.
+# Staying on one diagonal (below) is what keeps unrelated matches apart, not the gap.
+GAP_TOKENS = int(os.environ.get("BW_GAP", "64"))
 # ... and the source may drift by this many tokens against the response (inserted or dropped words).
-SHIFT_TOLERANCE = 8
+SHIFT_TOLERANCE = int(os.environ.get("BW_SHIFT", "8"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,7 @@ class Run:
 def _stride(params: Params, offset: int) -> int:
     """How far apart consecutive fingerprints of a shared run may be at ``offset``."""
     sampled = params.sample_mod if params.sample_mod > 1 and offset >= params.sample_after else 1
-    return params.w * GAP_WINDOWS * sampled
+    return max(GAP_TOKENS, 3 * params.w) * sampled
 
 
 def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> list[Run]:
@@ -75,9 +77,11 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
             if group:
                 prev = group[-1]
                 gap = m.response_offset - prev.response_offset
-                drift = abs(gap - (m.source_offset - prev.source_offset))
+                advance = m.source_offset - prev.source_offset
                 allowed = max(_stride(response, prev.response_offset), _stride(source, prev.source_offset))
-                if gap > allowed or drift > SHIFT_TOLERANCE:
+                # A copy moves forward in both texts together; a repeated phrase in the
+                # response matching one spot of the source again does not.
+                if gap > allowed or advance <= 0 or abs(gap - advance) > SHIFT_TOLERANCE:
                     out.append(_run(doc, group, response.n))
                     group = []
             group.append(m)

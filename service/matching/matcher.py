@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from service import tracing
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
 from service.matching.evidence import Match, Run, Thresholds, coverage, is_finding, runs, severity
@@ -77,6 +78,7 @@ class Matcher:
         self._known = known
         self._t = thresholds
 
+    @tracing.traced("match")
     async def evaluate(
         self, ns: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
     ) -> list[FindingDraft]:

@@ -1,0 +1,155 @@
+"""The LiteLLM callback, called the way LiteLLM calls a CustomLogger.
+
+LiteLLM is not installed here (a large download with a native extension, and not a dependency
+of bleedwatch), so the callback is driven through LiteLLM's documented interface:
+``async_log_success_event(kwargs, response_obj, start_time, end_time)`` with ``kwargs`` carrying
+``standard_logging_object`` (docs.litellm.ai, "Custom Callbacks" and "StandardLoggingPayload").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from service.auth.keys import Role
+from service.config import Settings
+from service.sdk.client import BleedwatchClient
+from service.sdk.litellm import BleedwatchLogger, bleedwatch_callback, exchange_from_callback
+from tests.sim_stack import BLEEDWATCH, bleedwatch
+from tests.traffic import KEY, words
+
+pytestmark = pytest.mark.anyio
+
+START = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+
+
+def response_obj(request_id: str, content: str, prompt_tokens: int) -> Any:
+    """Shaped like litellm.ModelResponse: attributes all the way down."""
+    message = SimpleNamespace(role="assistant", content=content)
+    return SimpleNamespace(
+        id=request_id,
+        model="open-weights-1m",
+        choices=[SimpleNamespace(index=0, message=message, finish_reason="stop")],
+        usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=50, total_tokens=prompt_tokens + 50),
+    )
+
+
+def callback_kwargs(team: str | None, prompt: str, **slo: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": "x"}, {"role": "user", "content": prompt}]
+    standard = {
+        "id": "slo-id",
+        "call_type": "acompletion",
+        "model": "open-weights-1m",
+        "model_group": "open-weights-1m",
+        "model_id": "pd-eu-1",
+        "api_base": "http://decode-7.internal:30000/v1",
+        "startTime": START.timestamp(),
+        "prompt_tokens": 0,
+        "metadata": {"user_api_key_team_id": team, "user_api_key_user_id": "user-1", "user_api_key_hash": "h"},
+        "messages": messages,
+        "hidden_params": {"model_id": "pd-eu-1", "api_base": "http://decode-7.internal:30000/v1"},
+    } | slo
+    return {
+        "model": "open-weights-1m",
+        "messages": messages,
+        "call_type": "acompletion",
+        "standard_logging_object": standard,
+    }
+
+
+def test_the_hooks_have_litellms_signature() -> None:
+    for hook in ("async_log_success_event", "async_log_failure_event"):
+        params = list(inspect.signature(getattr(BleedwatchLogger, hook)).parameters)
+        assert params == ["self", "kwargs", "response_obj", "start_time", "end_time"]
+        assert inspect.iscoroutinefunction(getattr(BleedwatchLogger, hook))
+    if importlib.util.find_spec("litellm") is None:
+        assert BleedwatchLogger.__mro__[1] is object
+    else:  # pragma: no cover - where LiteLLM is installed, LiteLLM must recognise it
+        from litellm.integrations.custom_logger import CustomLogger
+
+        assert isinstance(bleedwatch_callback, CustomLogger)
+
+
+async def test_a_leak_between_two_litellm_teams_is_found(settings: Settings) -> None:
+    source = words("argparse")
+    leaked = words("csv", 0, 60) + " " + words("argparse", 100, 160) + " " + words("heapq", 0, 40)
+    async with bleedwatch(settings) as (api, transport):
+        client = BleedwatchClient(BLEEDWATCH, api.tokens[Role.INGEST], flush_seconds=3600, transport=transport)
+        logger = BleedwatchLogger(client=client, fingerprint_key=KEY)
+        await logger.async_log_success_event(
+            callback_kwargs("team-a", source), response_obj("chatcmpl-a", words("json", 0, 80), 900), START, START
+        )
+        # Streamed: LiteLLM hands the assembled answer in kwargs["complete_streaming_response"].
+        kwargs = callback_kwargs("team-b", words("sqlite3")) | {
+            "complete_streaming_response": {
+                "id": "chatcmpl-b",
+                "choices": [{"message": {"role": "assistant", "content": leaked}}],
+                "usage": {"prompt_tokens": 700_001},
+            }
+        }
+        await logger.async_log_success_event(kwargs, None, START, START)
+        assert (logger.submitted, logger.skipped, logger.errors) == (2, 0, 0)
+        await logger.flush()
+        items = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
+        await logger.aclose()
+    (f,) = items
+    assert (f["recipient_tenant"], f["recipient_request_id"]) == ("team-b", "chatcmpl-b")
+    assert (f["source_tenant"], f["source_request_ids"]) == ("team-a", ["chatcmpl-a"])
+    assert (f["model"], f["deployment"], f["node"]) == (
+        "open-weights-1m",
+        "pd-eu-1",
+        "http://decode-7.internal:30000/v1",
+    )
+    assert f["prompt_tokens"] == 700_001
+    assert datetime.fromisoformat(f["response_at"]) == START
+
+
+def test_what_the_callback_takes_from_litellms_arguments() -> None:
+    kwargs = callback_kwargs(None, "a prompt")
+    got = exchange_from_callback(kwargs, response_obj("r-1", "an answer", 12), START)
+    assert got is not None
+    assert (got.tenant, got.request_id, got.model, got.ts) == ("user-1", "r-1", "open-weights-1m", START.timestamp())
+    assert got.prompt == "x\n\na prompt"
+    assert got.meta == {"deployment": "pd-eu-1", "node": "http://decode-7.internal:30000/v1", "prompt_tokens": 12}
+    team = exchange_from_callback(callback_kwargs("team-a", "p"), response_obj("r", "a", 1), START)
+    assert team is not None
+    assert team.tenant == "team-a"
+    only_end_user = callback_kwargs(None, "p", metadata={}, end_user="customer-9")
+    assert exchange_from_callback(only_end_user, response_obj("r", "a", 1), START).tenant == "customer-9"  # type: ignore[union-attr]
+    parts = callback_kwargs("t", "unused")
+    parts["messages"] = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "image_url"}]}]
+    assert exchange_from_callback(parts, response_obj("r", "a", 1), START).prompt == "hello"  # type: ignore[union-attr]
+
+    nothing = [
+        callback_kwargs("t", "p") | {"call_type": "aembedding"},  # not a chat call
+        callback_kwargs(None, "p", metadata={}),  # no tenant anywhere
+        callback_kwargs("t", "redacted-by-litellm"),  # message logging turned off
+        callback_kwargs("t", "p", messages=[]) | {"messages": []},
+    ]
+    for case in nothing:
+        assert exchange_from_callback(case, response_obj("r", "a", 1), START) is None
+    assert exchange_from_callback(callback_kwargs("t", "p"), SimpleNamespace(id="r", choices=[]), START) is None
+    assert exchange_from_callback(callback_kwargs("t", "p"), response_obj("r", "", 1), START) is None
+
+
+async def test_bleedwatch_failing_never_fails_the_proxys_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    def down(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "unavailable", "detail": "down"})
+
+    client = BleedwatchClient("http://bw", "bw_x_y", batch_size=1, max_attempts=1, transport=httpx.MockTransport(down))
+    logger = BleedwatchLogger(client=client, fingerprint_key=KEY)
+    await logger.async_log_success_event(callback_kwargs("t", "p"), response_obj("r", "a", 1), START, START)
+    assert (logger.submitted, logger.errors) == (0, 1)
+    await logger.async_log_failure_event({}, None, START, START)
+
+    for var in ("BLEEDWATCH_URL", "BLEEDWATCH_API_KEY", "BLEEDWATCH_FINGERPRINT_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    unconfigured = BleedwatchLogger()
+    await unconfigured.async_log_success_event(callback_kwargs("t", "p"), response_obj("r", "a", 1), START, START)
+    assert (unconfigured.submitted, unconfigured.skipped, unconfigured.errors) == (0, 1, 0)
