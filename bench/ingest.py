@@ -1,21 +1,28 @@
-"""End-to-end ingest throughput: a load process posting to a running service on Redis + PostgreSQL.
+"""End-to-end ingest: a load process posting to a running service on Redis + PostgreSQL, matching on.
 
-    .venv/bin/python bench/ingest.py --exchanges 4000 --batch 100 --concurrency 4 --workers 1
+    .venv/bin/python bench/ingest.py                         # as fast as it goes (closed loop)
+    .venv/bin/python bench/ingest.py --rate 50000 --batch 20 # latency at a fixed offered load
 
-Starts ``bleedwatch serve`` on loopback (its own Redis key prefix and PostgreSQL schema),
-fingerprints real stdlib text with the SDK *before* timing, then posts batches and prints
-exchanges/s, fingerprints/s and batch latency percentiles, beside Redis' own ceiling measured
-with ``redis-benchmark -P 64`` in the same run.
+Starts ``bleedwatch serve`` on loopback (its own Redis key prefix and PostgreSQL schema, removed
+afterwards), fingerprints realistic chat traffic with the SDK *before* timing (bench/load.py:
+shared system prompts, multi-turn resends, a share of long-context prompts, a few real leaks),
+then posts batches from this process over keep-alive HTTP/1.1 connections.
+
+Closed loop: ``--concurrency`` batches in flight, each sent when one returns; the figure is the
+sustained rate. Open loop (``--rate`` fingerprints/s): batches are sent on a fixed schedule
+whatever the answers, and latency is counted from the scheduled send time, so a stalled server
+shows up as latency rather than as a politely slower client.
+
+Prints exchanges/s, fingerprints/s, batch latency p50/p99, the findings the leaks produced, the
+CPU each party used (service workers, Redis, this load generator) and, in the same run,
+Redis' own ceiling from ``redis-benchmark -P 64``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import re
-import secrets
-import statistics
 import subprocess
 import sys
 import time
@@ -24,111 +31,208 @@ from typing import Any
 
 import httpx
 import orjson
+import redis
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.corpus import docstrings, text
+from bench.load import Mix, Poster, batches, chat_texts, cpu_seconds, fingerprint_all, percentile, process_tree
 from bench.service import REDIS_URL, running_service
-from service.sdk.exchange import fingerprint_exchange
-
-
-def traffic(n: int, tenants: int, long_share: float, seed: int) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    corpus = docstrings()
-    key = secrets.token_bytes(32)
-    out = []
-    for i in range(n):
-        long = rng.random() < long_share
-        prompt = text(rng, corpus, rng.randint(20_000, 50_000) if long else rng.randint(200, 1500))
-        response = text(rng, corpus, rng.randint(80, 400))
-        tenant = f"tenant-{rng.randrange(tenants)}"
-        out.append(
-            fingerprint_exchange(
-                prompt,
-                response,
-                key=key,
-                tenant=tenant,
-                request_id=f"bench-{i}",
-                model="bench-model",
-                meta={"deployment": "bench", "node": "n1"},
-            )
-        )
-    return out
-
-
-def fingerprints(exchanges: list[dict[str, Any]]) -> int:
-    return sum(len(ex[side]["fingerprints"]) * 3 // 4 // 8 for ex in exchanges for side in ("prompt", "response"))
 
 
 def redis_ceiling() -> float:
     out = subprocess.run(
-        ["redis-benchmark", "-u", REDIS_URL, "-P", "64", "-n", "500000", "-t", "set", "-q"],
+        ["redis-benchmark", "-u", REDIS_URL, "-P", "64", "-n", "1000000", "-t", "set", "-q"],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     ).stdout
-    match = re.search(r"SET: ([\d.]+) requests per second", out)
-    return float(match.group(1)) if match else float("nan")
+    match = re.findall(r"SET: ([\d.]+) requests per second", out)
+    return float(match[-1]) if match else float("nan")
 
 
-async def post_all(url: str, token: str, batches: list[bytes], concurrency: int) -> list[float]:
+def command_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    return {k: (int(v["calls"]), int(v["usec"])) for k, v in client.info("commandstats").items()}
+
+
+def redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def closed_loop(poster: Poster, requests: list[tuple[bytes, int, int]], concurrency: int) -> list[float]:
     latencies: list[float] = []
-    queue = list(reversed(batches))
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:
+    queue = list(reversed(requests))
 
-        async def worker() -> None:
-            while queue:
-                body = queue.pop()
-                start = time.perf_counter()
-                resp = await client.post("/v1/exchanges", content=body)
-                latencies.append(time.perf_counter() - start)
-                if resp.status_code != 202:
-                    raise RuntimeError(f"{resp.status_code}: {resp.text[:200]}")
+    async def worker() -> None:
+        while queue:
+            body, _, _ = queue.pop()
+            start = time.perf_counter()
+            status, answer = await poster.post(body)
+            latencies.append(time.perf_counter() - start)
+            if status != 202:
+                raise RuntimeError(f"{status}: {answer[:300]!r}")
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     return latencies
+
+
+async def open_loop(poster: Poster, requests: list[tuple[bytes, int, int]], rate: float) -> list[float]:
+    """Batch i goes out when the fingerprints before it, at ``rate``, would have been sent."""
+    latencies: list[float] = []
+    tasks = []
+    t0 = time.perf_counter()
+    sent_fps = 0
+
+    async def one(body: bytes, scheduled: float) -> None:
+        status, answer = await poster.post(body)
+        latencies.append(time.perf_counter() - scheduled)
+        if status != 202:
+            raise RuntimeError(f"{status}: {answer[:300]!r}")
+
+    for body, _, fps in requests:
+        scheduled = t0 + sent_fps / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(body, scheduled)))
+        sent_fps += fps
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+def count_findings(url: str, token: str) -> int:
+    n, cursor = 0, None
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+        while True:
+            params: dict[str, Any] = {"limit": 500} | ({"cursor": cursor} if cursor else {})
+            page = client.get("/v1/findings", params=params).json()
+            n += len(page["items"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return n
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--exchanges", type=int, default=4000)
-    p.add_argument("--batch", type=int, default=100)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--exchanges", type=int, default=12_000)
+    p.add_argument("--batch", type=int, default=100, help="exchanges per batch")
+    p.add_argument("--concurrency", type=int, default=4, help="closed loop: batches in flight")
+    p.add_argument("--rate", type=float, default=0.0, help="open loop: offered fingerprints/s (0 = closed loop)")
+    p.add_argument("--connections", type=int, default=32, help="open loop: keep-alive connections")
     p.add_argument("--tenants", type=int, default=50)
     p.add_argument("--long-share", type=float, default=0.01)
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2, help="uvicorn workers of the service")
+    p.add_argument("--warmup", type=float, default=0.05, help="share of batches sent before timing")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
 
-    print(f"fingerprinting {args.exchanges} exchanges ...", flush=True)
+    mix = Mix(tenants=args.tenants, long_share=args.long_share)
     t0 = time.perf_counter()
-    exchanges = traffic(args.exchanges, args.tenants, args.long_share, args.seed)
-    print(f"  SDK: {time.perf_counter() - t0:.1f} s")
-    batches = [orjson.dumps({"exchanges": exchanges[i : i + args.batch]}) for i in range(0, len(exchanges), args.batch)]
-    total_fps = fingerprints(exchanges)
+    texts = chat_texts(args.exchanges, mix, args.seed, prefix=f"bench{args.seed}")
+    words = sum(len(t.prompt.split()) + len(t.response.split()) for t in texts)
+    t1 = time.perf_counter()
+    exchanges = fingerprint_all(texts)
+    t2 = time.perf_counter()
+    print(
+        f"traffic: {len(texts)} exchanges, {words:,} words, {sum(t.leak_from is not None for t in texts)} leaks "
+        f"(built in {t1 - t0:.1f} s, fingerprinted by the SDK on 2 processes in {t2 - t1:.1f} s)",
+        flush=True,
+    )
+    requests = batches(exchanges, args.batch)
+    warm = max(1, int(len(requests) * args.warmup))
+    warmup, timed = requests[:warm], requests[warm:]
+    timed_ex = sum(n for _, n, _ in timed)
+    timed_fps = sum(f for _, _, f in timed)
+    rclient = redis.Redis.from_url(REDIS_URL)
 
     with running_service(workers=args.workers) as service:
+        port = int(service.url.rsplit(":", 1)[1])
         token = service.key("ingest")
-        start = time.perf_counter()
-        latencies = asyncio.run(post_all(service.url, token, batches, args.concurrency))
-        elapsed = time.perf_counter() - start
+        reader = service.key("read")
+        pids = process_tree(service.pid)
+
+        commands: dict[str, tuple[int, int]] = {}
+
+        async def run() -> tuple[list[float], float, float, float, float]:
+            async with Poster("127.0.0.1", port, token, connections=max(args.concurrency, args.connections)) as poster:
+                wire = [(poster.request(b), n, f) for b, n, f in timed]
+                await closed_loop(poster, [(poster.request(b), n, f) for b, n, f in warmup], args.concurrency)
+                cpu_service = sum(cpu_seconds(pid) for pid in pids)
+                cpu_redis = redis_cpu(rclient)
+                commands.update(command_usec(rclient))
+                cpu_self = time.process_time()
+                start = time.perf_counter()
+                if args.rate > 0:
+                    latencies = await open_loop(poster, wire, args.rate)
+                else:
+                    latencies = await closed_loop(poster, wire, args.concurrency)
+                elapsed = time.perf_counter() - start
+                after = command_usec(rclient)
+                for name, (calls, usec) in after.items():
+                    before = commands.get(name, (0, 0))
+                    commands[name] = (calls - before[0], usec - before[1])
+                return (
+                    latencies,
+                    elapsed,
+                    sum(cpu_seconds(pid) for pid in pids) - cpu_service,
+                    redis_cpu(rclient) - cpu_redis,
+                    time.process_time() - cpu_self,
+                )
+
+        latencies, elapsed, cpu_service, cpu_redis, cpu_self = uvloop.run(run())
+        findings = count_findings(service.url, reader)
     ceiling = redis_ceiling()
     latencies.sort()
-    fps_rate = total_fps / elapsed
+    fps_rate = timed_fps / elapsed
+    mode = (
+        f"open loop at {args.rate:,.0f} fingerprints/s offered"
+        if args.rate > 0
+        else (f"closed loop, {args.concurrency} batches in flight")
+    )
     print(
-        f"exchanges {args.exchanges} in {len(batches)} batches of {args.batch}, concurrency {args.concurrency}, "
+        f"{len(timed)} timed batches of {args.batch} exchanges ({warm} more as warm-up), {mode}, "
         f"{args.workers} worker(s)"
     )
-    print(f"  {args.exchanges / elapsed:,.0f} exchanges/s, {fps_rate:,.0f} fingerprints/s ({total_fps:,} in all)")
+    print(f"  {timed_ex / elapsed:,.0f} exchanges/s, {fps_rate:,.0f} fingerprints/s ({timed_fps:,} in {elapsed:.1f} s)")
     print(
-        f"  batch latency p50 {statistics.median(latencies) * 1000:.1f} ms, "
-        f"p99 {latencies[int(0.99 * (len(latencies) - 1))] * 1000:.1f} ms"
+        f"  batch latency p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+        f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms"
+    )
+    print(f"  findings: {findings} (leaks sent: {sum(t.leak_from is not None for t in texts)})")
+    print(
+        f"  CPU: service {cpu_service / elapsed:.2f} cores, Redis {cpu_redis / elapsed:.2f}, "
+        f"load generator {cpu_self / elapsed:.2f} (of 2)"
+    )
+    busiest = sorted(commands.items(), key=lambda kv: -kv[1][1])[:4]
+    print(
+        "  Redis time by command: "
+        + ", ".join(
+            f"{k.removeprefix('cmdstat_')} {usec / 1e6 / elapsed:.2f} cores ({calls:,} calls)"
+            for k, (calls, usec) in busiest
+        )
     )
     print(
-        f"  reference: redis-benchmark -P 64 SET {ceiling:,.0f} ops/s; "
-        f"bleedwatch indexes {fps_rate / ceiling:.2f} fingerprints per Redis SET of that ceiling"
+        f"  reference: redis-benchmark -P 64 SET {ceiling:,.0f} ops/s in the same run; "
+        f"bleedwatch: {fps_rate / ceiling:.3f} fingerprints per SET of that ceiling"
+    )
+    print(
+        "RESULT "
+        + orjson.dumps(
+            {
+                "mode": "open" if args.rate > 0 else "closed",
+                "rate": args.rate,
+                "batch": args.batch,
+                "workers": args.workers,
+                "exchanges_s": timed_ex / elapsed,
+                "fps_s": fps_rate,
+                "p50_ms": percentile(latencies, 0.5) * 1000,
+                "p99_ms": percentile(latencies, 0.99) * 1000,
+                "findings": findings,
+                "redis_set_ceiling": ceiling,
+            }
+        ).decode()
     )
 
 

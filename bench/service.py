@@ -31,6 +31,7 @@ BLEEDWATCH = str(Path(sys.executable).parent / "bleedwatch")
 class Running:
     url: str
     env: dict[str, str]
+    pid: int
 
     def key(self, role: str) -> str:
         out = subprocess.run(
@@ -58,6 +59,7 @@ def running_service(workers: int = 1, **settings: str) -> Iterator[Running]:
             "BLEEDWATCH_KEY_PREFIX": prefix,
             "BLEEDWATCH_WORKERS": str(workers),
             "BLEEDWATCH_LOG_LEVEL": "warning",
+            "BLEEDWATCH_RATE_LIMIT_PER_SECOND": "0",  # the load generator is one API key
         }
         | {f"BLEEDWATCH_{k.upper()}": v for k, v in settings.items()}
     )
@@ -74,7 +76,7 @@ def running_service(workers: int = 1, **settings: str) -> Iterator[Running]:
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        yield Running(url, env)
+        yield Running(url, env, server.pid)
     finally:
         if server is not None:
             server.terminate()

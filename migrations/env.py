@@ -6,12 +6,15 @@ from alembic import context
 from sqlalchemy import create_engine
 
 from service.allowlist import models as _allowlist_models  # noqa: F401  (registers tables)
+from service.audit import models as _audit_models  # noqa: F401
 from service.auth import models as _auth_models  # noqa: F401
 from service.canaries import models as _canary_models  # noqa: F401
 from service.db import Base
 from service.deployments import models as _deployment_models  # noqa: F401
 from service.findings import models as _finding_models  # noqa: F401
+from service.incidents import models as _incident_models  # noqa: F401
 from service.signals import models as _signal_models  # noqa: F401
+from service.webhooks import models as _webhook_models  # noqa: F401
 
 config = context.config
 url = config.attributes.get("sqlalchemy_url")

@@ -16,7 +16,9 @@ from sqlalchemy import text
 
 from service import errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
+from service.audit.routes import router as audit_router
 from service.auth.keys import KeyVerifier
+from service.auth.routes import router as keys_router
 from service.body_limit import BodyLimit
 from service.canaries.routes import router as canaries_router
 from service.config import Settings
@@ -27,6 +29,9 @@ from service.deployments.rules import load_rules
 from service.deployments.settings import RiskSettings
 from service.deps import AppDeps, Deps
 from service.findings.routes import router as findings_router
+from service.incidents import grouping
+from service.incidents.monitor import IncidentMonitor
+from service.incidents.routes import router as incidents_router
 from service.index.base import Index
 from service.index.keys import Keys
 from service.index.memory import MemoryIndex
@@ -35,12 +40,17 @@ from service.index.window import Window
 from service.ingest.decode import Limits
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
+from service.json_only import JsonOnly
 from service.logging import RequestContext
 from service.matching.evidence import Thresholds
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
 from service.migrate import upgrade
+from service.ratelimit import make_limiter
+from service.retention.jobs import Retention, RetentionJob
+from service.retention.routes import router as retention_router
 from service.signals.routes import router as signals_router
+from service.webhooks.sender import make_sender
 
 RETRY_AFTER_SECONDS = 5
 log = logging.getLogger(__name__)
@@ -77,6 +87,7 @@ def thresholds(settings: Settings) -> Thresholds:
     return Thresholds(
         min_matched=settings.min_matched_fingerprints,
         min_run_tokens=settings.min_run_tokens,
+        min_purity=settings.min_run_purity,
         high_run_tokens=settings.high_run_tokens,
         critical_run_tokens=settings.critical_run_tokens,
     )
@@ -98,7 +109,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
         risk_settings = RiskSettings()
         risk = RiskMonitor(sessions, load_rules(risk_settings.risk_rules_file), risk_settings.risk_refresh_seconds)
-        limits = Limits(settings.max_batch_exchanges, settings.max_fingerprints_per_text, settings.max_future_seconds)
+        limits = Limits(
+            settings.max_batch_exchanges,
+            settings.max_fingerprints_per_text,
+            settings.max_future_seconds,
+            settings.effective_max_age_seconds,
+            settings.accepted_key_ids,
+        )
+        webhooks = make_sender(sessions, settings)
+        # Findings join incidents in the session that stores them (service/incidents/grouping.py).
+        grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, notify=webhooks is not None))
+        incidents = IncidentMonitor(sessions, settings.incident_refresh_seconds)
+        retention = RetentionJob(
+            sessions,
+            Retention(
+                settings.findings_retention_days, settings.incidents_retention_days, settings.audit_retention_days
+            ),
+            settings.prune_interval_seconds,
+        )
+        limiter = make_limiter(settings)
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,
@@ -108,12 +137,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             known=known,
             keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
             risk=risk,
+            limiter=limiter,
+            incidents=incidents,
         )
         await risk.start()  # the risk gauges, from the database, before the first scrape
+        await incidents.start()
+        await retention.start()
+        if webhooks is not None:
+            await webhooks.start()
         try:
             yield
         finally:
+            if webhooks is not None:
+                await webhooks.stop()
+            await retention.stop()
+            await incidents.stop()
             await risk.stop()
+            await limiter.close()
             await index.close()
             await engine.dispose()
 
@@ -124,6 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
+    app.add_middleware(JsonOnly)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContext)  # outermost: request id, access log, HTTP metrics
 
@@ -140,12 +181,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.warning("backend_unavailable", extra={"backend": "database", "exc_type": type(exc).__name__})
         return _unavailable("the database is unreachable; retry later")
 
-    app.include_router(ingest_router)
-    app.include_router(findings_router)
-    app.include_router(allowlist_router)
-    app.include_router(canaries_router)
-    app.include_router(deployments_router)
-    app.include_router(signals_router)
+    common = errors.common_responses()  # 401, 403, 415, 422, 429, 503: any authenticated route may answer them
+    app.include_router(ingest_router, responses=common)
+    app.include_router(findings_router, responses=common)
+    app.include_router(allowlist_router, responses=common)
+    app.include_router(canaries_router, responses=common)
+    app.include_router(deployments_router, responses=common)
+    app.include_router(signals_router, responses=common)
+    app.include_router(incidents_router)
+    app.include_router(audit_router)
+    app.include_router(keys_router)
+    app.include_router(retention_router)
 
     @app.get("/healthz", tags=["health"], summary="The process is alive")
     async def healthz() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""``bleedwatch``: serve, migrate, replay, keys, demo."""
+"""``bleedwatch``: serve, migrate, replay, keys, prune, tenants, demo."""
 
 from __future__ import annotations
 
@@ -64,6 +64,18 @@ def _keys(args: argparse.Namespace) -> int:
     from service.keys_cli import run
 
     return asyncio.run(run(args))
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from service.retention.cli import run_prune
+
+    return asyncio.run(run_prune(args))
+
+
+def _tenants(args: argparse.Namespace) -> int:
+    from service.retention.cli import run_purge
+
+    return asyncio.run(run_purge(args))
 
 
 def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | None:
@@ -190,6 +202,15 @@ def parser() -> argparse.ArgumentParser:
     kr = ksub.add_parser("revoke")
     kr.add_argument("key_id")
     k.set_defaults(func=_keys)
+
+    pr = sub.add_parser("prune", help="delete findings, closed incidents and audit entries past their retention")
+    pr.set_defaults(func=_prune)
+
+    t = sub.add_parser("tenants", help="purge everything held about one tenant")
+    tsub = t.add_subparsers(dest="tenants_command", required=True)
+    tp = tsub.add_parser("purge")
+    tp.add_argument("tenant")
+    t.set_defaults(func=_tenants)
 
     d = sub.add_parser("demo", help="the incident reproduced: a leaky engine, a gateway, bleedwatch; then the fix")
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")

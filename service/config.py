@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
 class Settings(BaseSettings):
@@ -28,7 +31,8 @@ class Settings(BaseSettings):
     common_prompt_tenants: int = Field(3, ge=2, le=64)
     common_tenants: int = Field(8, ge=2, le=64)
     min_matched_fingerprints: int = Field(2, ge=1)
-    min_run_tokens: int = Field(12, ge=1)
+    min_run_tokens: int = Field(10, ge=1)
+    min_run_purity: float = Field(0.7, ge=0, le=1)
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)
     lists_refresh_seconds: float = Field(10.0, ge=0)
@@ -38,6 +42,32 @@ class Settings(BaseSettings):
     max_batch_exchanges: int = Field(1000, ge=1)
     max_fingerprints_per_text: int = Field(500_000, ge=1)
     max_future_seconds: int = Field(300, ge=0)
+    # Exchanges older than this are refused; unset = the findings retention (a finding would be pruned at once).
+    max_age_seconds: int | None = Field(None, ge=60)
+    # Fingerprint key ids gateways may use (comma-separated); empty = any well-formed one.
+    accepted_key_ids: Annotated[frozenset[str], NoDecode] = frozenset()
+    # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.
+    rate_limit_per_second: float = Field(50.0, ge=0)
+    rate_limit_burst: int = Field(100, ge=1)
+
+    # Incidents (docs/incidents.md): findings of one model and deployment within this gap are one incident.
+    incident_quiet_seconds: int = Field(3600, ge=1)
+    incident_refresh_seconds: float = Field(15.0, gt=0)
+    # Outgoing webhook on every new incident, signed with HMAC-SHA256; unset URL = no webhook.
+    webhook_url: str | None = Field(None, pattern=r"^https?://")
+    webhook_secret: str | None = Field(None, min_length=16)
+    webhook_max_attempts: int = Field(8, ge=1, le=100)
+    webhook_backoff_seconds: float = Field(5.0, gt=0)
+    webhook_timeout_seconds: float = Field(10.0, gt=0)
+    webhook_poll_seconds: float = Field(2.0, gt=0)
+    # Where responders reach this API, for links in webhooks (e.g. https://bleedwatch.example.net).
+    public_url: str | None = Field(None, pattern=r"^https?://")
+
+    # Retention of what the database holds, pruned by one replica at a time every prune_interval_seconds.
+    findings_retention_days: int = Field(90, ge=1, le=36500)
+    incidents_retention_days: int = Field(365, ge=1, le=36500)
+    audit_retention_days: int = Field(365, ge=1, le=36500)
+    prune_interval_seconds: float = Field(3600.0, ge=0)  # 0 = no background pruning (use bleedwatch prune)
 
     api_key_cache_seconds: float = Field(10.0, ge=0)
     host: str = "127.0.0.1"
@@ -52,6 +82,27 @@ class Settings(BaseSettings):
     metrics_node_labels: bool = False
     metrics_max_nodes: int = Field(50, ge=1, le=1000)
     tracing: bool = False
+
+    @field_validator("accepted_key_ids", mode="before")
+    @classmethod
+    def _split_key_ids(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | set | frozenset | tuple):
+            for key_id in value:
+                if not isinstance(key_id, str) or not KEY_ID.match(key_id):
+                    raise ValueError("BLEEDWATCH_ACCEPTED_KEY_IDS: give 16-hex-digit key ids, comma-separated")
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_needs_secret(self) -> Settings:
+        if self.webhook_url is not None and self.webhook_secret is None:
+            raise ValueError("BLEEDWATCH_WEBHOOK_URL needs BLEEDWATCH_WEBHOOK_SECRET (16+ characters) to sign bodies")
+        return self
+
+    @property
+    def effective_max_age_seconds(self) -> int:
+        return self.max_age_seconds if self.max_age_seconds is not None else self.findings_retention_days * 86400
 
     @property
     def embedded(self) -> bool:

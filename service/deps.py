@@ -11,9 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from service.auth.keys import KeyVerifier
 from service.config import Settings
 from service.deployments.risk import RiskMonitor
+from service.incidents.monitor import IncidentMonitor
 from service.index.base import Index
 from service.ingest.service import Ingestor
 from service.matching.known import KnownFingerprints
+from service.ratelimit import RateLimiter
 
 
 @dataclass(slots=True)
@@ -26,6 +28,8 @@ class AppDeps:
     keys: KeyVerifier
     known: KnownFingerprints
     risk: RiskMonitor
+    limiter: RateLimiter
+    incidents: IncidentMonitor
 
 
 def get_deps(request: Request) -> AppDeps:

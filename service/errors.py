@@ -42,6 +42,12 @@ class NotFound(ApiError):
     status, error = 404, "not_found"
 
 
+class Conflict(ApiError):
+    """The request is well-formed but not possible in the target's current state (e.g. a lifecycle step)."""
+
+    status, error = 409, "conflict"
+
+
 class PayloadTooLarge(ApiError):
     status, error = 413, "payload_too_large"
 
@@ -54,6 +60,12 @@ class Invalid(ApiError):
     status, error = 422, "invalid"
 
 
+class RateLimited(ApiError):
+    """The API key sent more requests than its token bucket allows; ``Retry-After`` says when to retry."""
+
+    status, error = 429, "rate_limited"
+
+
 class Unavailable(ApiError):
     """A backend is down: the caller should retry the same request later; nothing was kept."""
 
@@ -63,6 +75,11 @@ class Unavailable(ApiError):
 def responses(*errors: type[ApiError]) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route: every error it may answer, in the one shape."""
     return {e.status: {"model": ErrorBody, "description": e.error} for e in errors}
+
+
+def common_responses() -> dict[int | str, dict[str, Any]]:
+    """Answers any authenticated JSON route may give, whatever the route: declared on every router."""
+    return responses(Unauthorized, Forbidden, UnsupportedMediaType, Invalid, RateLimited, Unavailable)
 
 
 def _body(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:

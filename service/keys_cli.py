@@ -15,6 +15,9 @@ async def run(args: argparse.Namespace) -> int:
     try:
         async with session_scope(make_sessionmaker(engine)) as session:
             if args.keys_command == "create":
+                if args.tenants and args.role != Role.INGEST.value:
+                    print("--tenant: only ingest keys can be limited to tenants")
+                    return 2
                 key, token = await create_key(session, args.name, Role(args.role), args.tenants)
                 print(f"created key {key.id} ({key.role}); the secret is shown once:\n{token}")
             elif args.keys_command == "list":

@@ -32,13 +32,24 @@ def _check(resp: httpx.Response) -> dict[str, Any]:
     return data
 
 
-def allowlist_add(files: list[Path], *, url: str, api_key: str, key: bytes, label: str | None) -> list[dict[str, Any]]:
+def allowlist_add(
+    files: list[Path],
+    *,
+    url: str,
+    api_key: str,
+    key: bytes,
+    label: str | None,
+    n: int = DEFAULT_PARAMS.n,
+    w: int = DEFAULT_PARAMS.w,
+) -> list[dict[str, Any]]:
+    """Allowlist each file's text under the key id of (key, n, w): the gateways' parameters."""
+    params = Params(n=n, w=w, sample_mod=1)
     out = []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as client:
         for path in files:
-            fp = fingerprint_text(path.read_text(errors="replace"), key, UNSAMPLED)
+            fp = fingerprint_text(path.read_text(errors="replace"), key, params)
             body = {
-                "key_id": key_id(key, UNSAMPLED),
+                "key_id": key_id(key, params),
                 "label": label or path.name,
                 "fingerprints": encode(fp.values, U64_LE),
             }

@@ -3,12 +3,17 @@
 Every backend-facing test runs against both the embedded default and Redis + PostgreSQL.
 A run gets its own PostgreSQL schema (migrated once with Alembic) and its own Redis key
 prefix per test, so concurrent runs on one machine never see each other's data.
+
+The index contract and end-to-end tests also run on a real Redis Cluster (``ALL_BACKENDS``):
+three masters the session starts on free loopback ports in a temporary directory, the first
+time a test asks for one, and tears down at the end.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,6 +32,7 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.index.base import Index
 from service.migrate import upgrade
+from tests.redis_servers import RedisClusterServers
 
 REDIS_URL = os.environ.get("BLEEDWATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 DATABASE_URL = os.environ.get("BLEEDWATCH_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -34,6 +40,8 @@ RUN_ID = uuid.uuid4().hex[:10]
 _counter = itertools.count()
 
 BACKENDS = ["embedded", "redis+postgres"]
+# For the index contract and end-to-end tests: ``pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)``.
+ALL_BACKENDS = [*BACKENDS, "redis-cluster+postgres"]
 
 
 def _with_schema(url: str, schema: str) -> str:
@@ -66,16 +74,27 @@ def redis_ok() -> None:
         pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc}); start it or set BLEEDWATCH_TEST_REDIS_URL")
 
 
-def _drop_prefix(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    batch = []
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        cluster.stop()
+        pytest.fail(f"could not start a local Redis Cluster ({exc}); redis-server and redis-cli must be installed")
+    yield cluster
+    cluster.stop()
+
+
+def _drop_prefix(prefix: str, url: str = REDIS_URL) -> None:
+    """Every key of one test's prefix; one key per command, so it works on a cluster node too."""
+    client = redis.Redis.from_url(url)
+    pipe = client.pipeline(transaction=False)
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-        batch.append(key)
-        if len(batch) >= 1000:
-            client.unlink(*batch)
-            batch = []
-    if batch:
-        client.unlink(*batch)
+        pipe.unlink(key)
+        if len(pipe) >= 1000:
+            pipe.execute()
+    pipe.execute()
     client.close()
 
 
@@ -97,10 +116,18 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setting
     if request.param == "embedded":
         yield Settings(redis_url=None, database_url=None, data_dir=tmp_path / "data")
         return
-    request.getfixturevalue("redis_ok")
     url = request.getfixturevalue("pg_url")
     _truncate(url)
     prefix = f"bwt{RUN_ID}{next(_counter)}"
+    if request.param == "redis-cluster+postgres":
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        yield Settings(
+            redis_url=cluster.url, redis_cluster=True, database_url=url, key_prefix=prefix, data_dir=tmp_path / "data"
+        )
+        for node in cluster.nodes:
+            _drop_prefix(prefix, node.url)
+        return
+    request.getfixturevalue("redis_ok")
     yield Settings(redis_url=REDIS_URL, database_url=url, key_prefix=prefix, data_dir=tmp_path / "data")
     _drop_prefix(prefix)
 

@@ -45,7 +45,7 @@ def need(binary: str) -> str:
 
 def run(*args: str | Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     cmd = [str(a) for a in args]  # a binary found by need() and fixed arguments
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)  # noqa: S603
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def load_dashboard(path: Path) -> dict[str, Any]:

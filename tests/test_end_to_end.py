@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from service.auth.keys import Role
-from tests.conftest import Api
+from tests.conftest import ALL_BACKENDS, Api
 from tests.traffic import BOILERPLATE, exchange, words
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)]
 
 LEAK = words("argparse", 60, 100)  # 40 words of tenant A's prompt
 

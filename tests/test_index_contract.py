@@ -10,9 +10,10 @@ import pytest
 from service.config import Settings
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind
+from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)]
 
 NS = "00112233445566aa"
 NOW = time.time()
@@ -158,3 +159,30 @@ async def test_done_marks_are_per_key_and_expire(index: Index, settings: Setting
     assert await index.done(["a", "b"], NOW) == [True, False]
     retention = settings.retention_seconds
     assert await index.done(["a"], NOW + retention * 2) == [False]
+
+
+async def test_entries_keep_wide_refs_and_offsets(index: Index) -> None:
+    """Entries are packed (varint tenant and offset, u32 doc): the extremes come back intact."""
+    values = np.array([0x0102030405060708, 0xFFFFFFFFFFFFFFFF, 0, 0x00FF00FF00FF00FF], dtype=np.uint64)
+    offsets = np.array([0, 127, 16_384, 2**32 - 1], dtype=np.uint32)
+    big_tenant, big_doc = 2**32 - 1, 2**32 - 1
+    await index.insert(NS, [Doc(big_doc, big_tenant, Kind.PROMPT, values, offsets)], NOW)
+    await index.insert(NS, [Doc(7, 300, Kind.RESPONSE, values[:2], offsets[:2])], NOW)
+    found = await index.lookup(NS, values, NOW)
+    for x, offset in zip(found, offsets.tolist(), strict=True):
+        assert x.entries is not None
+        assert (x.entries[0].tenant, x.entries[0].doc, x.entries[0].offset) == (big_tenant, big_doc, offset)
+    assert found[0].entries is not None
+    assert [(e.tenant, e.doc, e.kinds) for e in found[0].entries] == [
+        (big_tenant, big_doc, Kind.PROMPT),
+        (300, 7, Kind.RESPONSE),
+    ]
+    with pytest.raises(ValueError, match="u32"):
+        await index.insert(NS, [Doc(2**32, 1, Kind.PROMPT, values, offsets)], NOW)
+
+
+async def test_doc_refs_stay_below_two_to_the_32(index: Index) -> None:
+    first = await index.new_doc_refs(3)
+    assert 0 < first < first + 3 <= 2**32
+    with pytest.raises(ValueError, match="count"):
+        await index.new_doc_refs(0)

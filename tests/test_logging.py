@@ -67,7 +67,7 @@ def test_log_config_applies_to_a_process(tmp_path: Path) -> None:
         "logging.getLogger('uvicorn.access').info('GET /v1/findings?recipient_tenant=acme-secret')\n"
         "logging.getLogger('bleedwatch.x').debug('hidden')\n"
     )
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True, cwd=tmp_path
     )
     lines = [json.loads(line) for line in result.stdout.splitlines()]

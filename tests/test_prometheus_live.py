@@ -98,7 +98,7 @@ def prometheus(tmp_path: Path, bleedwatch: tuple[str, str]) -> Iterator[Promethe
     config_file.write_text(yaml.safe_dump(config))
     port = free_port()
     log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(  # noqa: S603 (a fixed binary and arguments)
+    proc = subprocess.Popen(
         [
             binary,
             f"--config.file={config_file}",

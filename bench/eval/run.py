@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,14 @@ import orjson
 from bench.eval.corpus import private_passages, public_texts, templates
 from bench.eval.traffic import PERTURBATIONS, SPANS, Traffic, generate, wire
 from bench.service import Running, running_service
-from service.fingerprint.scheme import DEFAULT_PARAMS
+from service.fingerprint.scheme import DEFAULT_PARAMS, Params
 from service.fingerprint.tokens import tokenize
 from service.probe import allowlist_add
 from service.sdk.client import BleedwatchClient
 from service.sdk.exchange import fingerprint_exchange
 
 
-async def replay(service: Running, traffic: Traffic, key: bytes, batch: int) -> float:
+async def replay(service: Running, traffic: Traffic, key: bytes, batch: int, params: Params) -> float:
     token = service.key("ingest")
     start = time.perf_counter()
     async with BleedwatchClient(service.url, token, batch_size=batch, flush_seconds=3600) as client:
@@ -51,6 +52,7 @@ async def replay(service: Running, traffic: Traffic, key: bytes, batch: int) -> 
                     request_id=w["request_id"],
                     model="eval-model",
                     ts=time.time(),
+                    params=params,
                 )
             )
             if i % 1000 == 0:
@@ -128,7 +130,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
 def report(result: dict[str, Any], args: argparse.Namespace, elapsed: float, exchanges: int) -> str:
     lines = [
         f"exchanges {exchanges} ({args.clean} clean, {result['leaks']} with a leak) from {args.tenants} tenants, "
-        f"replayed in {elapsed:.0f} s; n={DEFAULT_PARAMS.n} w={DEFAULT_PARAMS.w}, "
+        f"replayed in {elapsed:.0f} s; n={args.n} w={args.w}, "
         f"sampling 1/{DEFAULT_PARAMS.sample_mod} after {DEFAULT_PARAMS.sample_after} tokens",
         "",
         "recall by leaked span (words) and perturbation:",
@@ -179,6 +181,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", type=Path, help="also write the result here")
     p.add_argument("--explain", type=int, default=0, help="print the text behind this many false findings")
+    p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
+    p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (SDK parameter)")
     args = p.parse_args()
 
     print("building corpus ...", file=sys.stderr)
@@ -200,8 +204,9 @@ def main() -> None:
         for i, text in enumerate(public):  # as an operator would: bleedwatch allowlist add FILE...
             files.append(Path(tmp) / f"public-{i}.txt")
             files[-1].write_text(" ".join(text))
-        allowlist_add(files, url=service.url, api_key=service.key("admin"), key=key, label=None)
-        elapsed = asyncio.run(replay(service, traffic, key, args.batch))
+        allowlist_add(files, url=service.url, api_key=service.key("admin"), key=key, label=None, n=args.n, w=args.w)
+        params = replace(DEFAULT_PARAMS, n=args.n, w=args.w)
+        elapsed = asyncio.run(replay(service, traffic, key, args.batch, params))
         findings = all_findings(service)
     result = score(traffic, findings)
     print(report(result, args, elapsed, len(traffic.order)))

@@ -75,6 +75,7 @@ class KeyVerifier:
         self._sessions = sessions
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, str, Caller | None]] = {}
+        self._touched: dict[str, float] = {}  # key id -> when last_used_at was last written
 
     async def verify(self, token: str) -> Caller | None:
         parsed = _parse(token)
@@ -91,13 +92,29 @@ class KeyVerifier:
         _, secret_hash, caller = cached
         if caller is None or not hmac.compare_digest(secret_hash, _hash(secret)):
             return None
+        await self._touch(key_id, now)  # only a correct secret counts as a use
         return caller
+
+    def forget(self, key_id: str) -> None:
+        """Drop a cached key (after revoking it here): this replica refuses it at once."""
+        self._cache.pop(key_id, None)
+        self._touched.pop(key_id, None)
 
     async def _load(self, key_id: str) -> tuple[str, Caller | None]:
         async with session_scope(self._sessions) as session:
             key = await session.get(ApiKey, key_id)
             if key is None or key.revoked_at is not None:
                 return "", None
-            key.last_used_at = utcnow()
             tenants = frozenset(key.tenants) if key.tenants is not None else None
             return key.secret_hash, Caller(key.id, Role(key.role), tenants)
+
+    async def _touch(self, key_id: str, now: float) -> None:
+        """Write last_used_at at most once per cache period per key, not once per request."""
+        last = self._touched.get(key_id)
+        if last is not None and now - last < max(self._cache_seconds, 1.0):
+            return
+        if len(self._touched) > 10_000:
+            self._touched.clear()
+        self._touched[key_id] = now
+        async with session_scope(self._sessions) as session:
+            await session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=utcnow()))

@@ -43,3 +43,6 @@ class Finding(Base):
     score: Mapped[float] = mapped_column(Float)
     severity: Mapped[str] = mapped_column(String(16))
     evidence: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # The recipient response's fingerprints that matched the top source (signed int64, like the allowlist
+    # stores them): what marking the finding a false positive adds to the allowlist. Null before 0004.
+    matched_values: Mapped[list[int] | None] = mapped_column(JSONType)

@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from service import audit
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller
 from service.db import session_scope
@@ -20,7 +21,7 @@ Reader = Annotated[Caller, Depends(require(*READERS))]
 @router.get("", response_model=FindingPage, responses=responses(Unauthorized, Forbidden, Invalid))
 async def list_findings(
     deps: Deps,
-    _: Reader,
+    caller: Reader,
     since: Annotated[datetime | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
     until: Annotated[datetime | None, Query(description="Detected before.")] = None,
     recipient_tenant: Annotated[str | None, Query(max_length=128)] = None,
@@ -37,13 +38,25 @@ async def list_findings(
     filters = store.FindingFilter(since, until, recipient_tenant, source_tenant, model, severity)
     async with session_scope(deps.sessions) as session:
         rows, next_cursor = await store.page(session, filters, cursor, limit)
+        recorded = audit.filters(
+            since=since,
+            until=until,
+            recipient_tenant=recipient_tenant,
+            source_tenant=source_tenant,
+            model=model,
+            severity=severity,
+        )
+        await audit.record(
+            session, caller, "findings.list", "findings", {"filters": recorded, "ids": [r.id for r in rows]}
+        )
         return FindingPage(items=[FindingOut.model_validate(r) for r in rows], next_cursor=next_cursor)
 
 
 @router.get("/{finding_id}", response_model=FindingOut, responses=responses(Unauthorized, Forbidden, NotFound))
-async def get_finding(deps: Deps, _: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]) -> FindingOut:
+async def get_finding(deps: Deps, caller: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]) -> FindingOut:
     async with session_scope(deps.sessions) as session:
         row = await store.get(session, finding_id)
         if row is None:
             raise NotFound(f"no finding {finding_id}")
+        await audit.record(session, caller, "findings.read", f"finding:{finding_id}")
         return FindingOut.model_validate(row)

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service.db import utcnow
 from service.errors import Invalid
 from service.findings.models import Finding
+from service.incidents import grouping
 from service.matching.matcher import FindingDraft
 
 
@@ -22,8 +23,12 @@ async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tupl
     Re-processing a batch, or two replicas evaluating the same response, therefore never
     duplicates a finding, and a finding never loses evidence it had. Returns the id of each
     finding created or extended, with its id and whether it was created.
+
+    Each finding created or extended is put into its incident in this same session
+    (``service.incidents.grouping``), so one commit covers the finding and its incident.
     """
     ids = []
+    await grouping.lock_groups(session, drafts)
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     for draft in drafts:
         now = utcnow()
@@ -41,6 +46,7 @@ async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tupl
         row = (await session.execute(upsert_stmt)).one_or_none()
         if row is not None:
             ids.append((draft, row.id, row.detected_at == row.updated_at))
+            await grouping.attach(session, row.id, draft)
     return ids
 
 

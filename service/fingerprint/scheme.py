@@ -44,7 +44,7 @@ class Params:
     n: int = 4
     w: int = 6
     sample_after: int = 65_536
-    sample_mod: int = 8
+    sample_mod: int = 4
 
     def __post_init__(self) -> None:
         if not 1 <= self.n <= 64:

@@ -2,14 +2,41 @@
 
 Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 
-- ``p:{p:tenants}:names`` / ``:seq``      tenant name -> small integer ref (kept forever)
-- ``p:doc-seq``                           document ref counter
-- ``p:doc:<ns>:<ref>``                    metadata of one document, TTL = retention
-- ``p:done:<digest>``                     idempotency mark of (tenant, request id), TTL = retention
-- ``p:{<ns>:<shard>}:ix:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
+- ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept forever)
+- ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
+- ``p:doc:<ns>:<ref>``                     metadata of one document, TTL = retention
+- ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
+- ``p:{<ns>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
+- ``p:{<ns>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{p:outbox}:findings``                stream of findings not yet written to the database
+- ``p:rl:v1:{<api key id>}``               token bucket of one API key (service/ratelimit.py), short TTL
 
 The hash tag of the index keys is the key id and the fingerprint's first byte, so one Lua
 call can handle every fingerprint of a batch that falls into one shard on one cluster slot.
+
+Index hashes (``ix2``). With ``b`` = ``BLEEDWATCH_INDEX_BUCKET_BITS``, the first ``b`` bits of a
+fingerprint name its hash: 8 bits the shard, the next ``b - 8`` the bucket. The field is the
+fingerprint without the ``b // 8`` leading bytes the key already implies (6 bytes at b = 16), so
+nothing is stored twice and nothing is truncated. The value is ``*`` once the fingerprint is
+common, else one entry per tenant::
+
+    varint(tenant * 4 + kinds) . doc ref (u32, big-endian) . varint(token offset)
+
+``varint`` is 7 bits a byte, low bits first, the high bit set on every byte but the last: tenant
+refs and offsets are small (1-3 bytes), doc refs are not and take a fixed 4. A typical entry is
+8 bytes, against 13 in the first layout (``ix``). Hashes stay small enough for Redis' compact
+listpack encoding when a bucket holds at most ``hash-max-listpack-entries`` fields and a value at
+most ``hash-max-listpack-value`` bytes; docs/capacity.md says how to size both. The bucket is
+named by its raw bytes (one at b = 16), not by a decimal number.
+
+Presence filters (``f``). A listpack is searched front to back, and most fingerprints are new:
+reading every live generation's bucket for each one is most of Redis' work. So each shard and
+generation has a bitmap: first one "this bucket has its TTL" bit per bucket, then
+``FILTER_BITS_PER_BUCKET`` bits per bucket, one of which (the fingerprint's 9 low bits) is set
+whenever a field is written. A clear bit proves the field is absent and its read is skipped; a
+set bit is read as before, so answers are exactly those without the filter. The bitmap costs
+``FILTER_BITS_PER_BUCKET / 8`` = 64 bytes per bucket (under one byte per fingerprint at ~80
+fields a bucket) and expires with the buckets, at the same second (``Window.expires_at``).
 """
 
 from __future__ import annotations
@@ -19,7 +46,12 @@ from dataclasses import dataclass
 
 SHARD_BITS = 8  # fixed: changing it re-homes every index key
 SHARDS = 1 << SHARD_BITS
-INDEX_KEY_VERSION = "ix"
+INDEX_KEY_VERSION = "ix2"
+FILTER_BITS_PER_BUCKET = 512  # a power of two: the fingerprint's low bits pick one
+# Doc refs are stored as u32: the counter wraps back to 1 before this. A ref is only reused after
+# 2^32 - 1 newer documents, which no retention window holds (at ~20 bytes per fingerprint that
+# window would take terabytes of Redis).
+DOC_REF_LIMIT = 1 << 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +76,13 @@ class Keys:
     def done(self, idempotency_key: str) -> str:
         digest = hashlib.blake2b(idempotency_key.encode(), digest_size=16).hexdigest()
         return f"{self.prefix}:done:{digest}"
+
+    @property
+    def outbox(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:outbox}}:findings"
+
+    def rate_limit(self, api_key_id: str) -> str:
+        return f"{self.prefix}:rl:v1:{{{api_key_id}}}"
 
     def shard(self, ns: str, shard: int) -> str:
         return f"{self.prefix}:{{{ns}:{shard:02x}}}:{INDEX_KEY_VERSION}"

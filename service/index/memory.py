@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup
+from service.index.keys import DOC_REF_LIMIT
 from service.index.window import Window
 
 # A generation's fingerprint table: value -> entries by tenant, or None once common.
@@ -39,7 +40,12 @@ class MemoryIndex:
         return {name: self._tenants[name] for name in names}
 
     async def new_doc_refs(self, count: int) -> int:
+        if not 0 < count < DOC_REF_LIMIT // 2:
+            raise ValueError("count must be positive and well below 2^31")
         first = next(self._doc_seq)
+        if first + count > DOC_REF_LIMIT:  # wraps as the Redis counter does (keys.DOC_REF_LIMIT)
+            self._doc_seq = itertools.count(1)
+            first = next(self._doc_seq)
         for _ in range(count - 1):
             next(self._doc_seq)
         return first
@@ -79,6 +85,8 @@ class MemoryIndex:
         gens = self._window.live(now)
         current = self._tables.setdefault((ns, self._window.current(now)), {})
         counts: dict[tuple[int, int, int, Kind], int] = {}
+        if any(not 0 <= d.ref < DOC_REF_LIMIT or not 0 <= d.tenant < DOC_REF_LIMIT for d in docs):
+            raise ValueError("doc and tenant refs are stored as u32: use new_doc_refs and tenant_refs")
         for pos, doc in enumerate(docs):
             for value, offset in zip(doc.values.tolist(), doc.offsets.tolist(), strict=True):
                 merged = self._merged(ns, value, gens)

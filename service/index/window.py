@@ -24,6 +24,14 @@ class Window:
         """How long a generation's keys live after their first write."""
         return self.generation_seconds * (self.generations + 1)
 
+    def expires_at(self, generation: int) -> int:
+        """When a generation's keys expire, the same second for all of them (Unix time).
+
+        The generation is read until ``generations - 1`` newer ones have begun and ended; one
+        more generation is slack for replicas whose clocks differ.
+        """
+        return (generation + self.generations + 1) * self.generation_seconds
+
     def current(self, now: float) -> int:
         return int(now // self.generation_seconds)
 

@@ -22,6 +22,8 @@ class Limits:
     max_exchanges: int
     max_fingerprints: int
     max_future_seconds: int
+    max_age_seconds: int | None = None  # BLEEDWATCH_MAX_AGE_SECONDS (default: the findings retention)
+    accepted_key_ids: frozenset[str] = frozenset()  # BLEEDWATCH_ACCEPTED_KEY_IDS; empty = any
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,16 @@ def check_batch(batch: Batch, limits: Limits, now: float) -> None:
         if ex.ts.timestamp() > now + limits.max_future_seconds:
             raise Invalid(
                 f"exchanges[{i}].ts: more than {limits.max_future_seconds} s in the future; check the gateway clock"
+            )
+        if limits.max_age_seconds is not None and ex.ts.timestamp() < now - limits.max_age_seconds:
+            raise Invalid(
+                f"exchanges[{i}].ts: more than {limits.max_age_seconds} s in the past (BLEEDWATCH_MAX_AGE_SECONDS); "
+                "check the gateway clock, or drop exchanges that old"
+            )
+        if limits.accepted_key_ids and ex.key_id not in limits.accepted_key_ids:
+            raise Invalid(
+                f"exchanges[{i}].key_id: not one of the fingerprint key ids this service accepts "
+                "(BLEEDWATCH_ACCEPTED_KEY_IDS); check the gateway's fingerprint key"
             )
         extra = ex.meta.model_extra or {}
         if len(extra) > MAX_META_FIELDS:

@@ -6,23 +6,26 @@ the reasoning and the measured effect of each threshold.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
 
 from service.fingerprint.scheme import Params
 
 # Consecutive matches of one run may be this many tokens apart: a changed word costs n shingles,
 # and shingles shared with many tenants (common) are left out, which can leave longer gaps.
 # Staying on one diagonal (below) is what keeps unrelated matches apart, not the gap.
-GAP_TOKENS = int(os.environ.get("BW_GAP", "64"))
+GAP_TOKENS = 64
 # ... and the source may drift by this many tokens against the response (inserted or dropped words).
-SHIFT_TOLERANCE = int(os.environ.get("BW_SHIFT", "8"))
+SHIFT_TOLERANCE = 8
 
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     min_matched: int
     min_run_tokens: int
+    min_purity: float
     high_run_tokens: int
     critical_run_tokens: int
 
@@ -46,6 +49,7 @@ class Run:
     source_start: int
     source_end: int
     fingerprints: int
+    purity: float = 1.0
 
     @property
     def tokens(self) -> int:
@@ -101,6 +105,29 @@ def _run(doc: int, group: list[Match], n: int) -> Run:
     )
 
 
+def with_purity(
+    run: Run,
+    values: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint32],
+    counted: npt.NDArray[np.bool_],
+    n: int,
+    source: Params,
+) -> Run:
+    """The run's share of the response fingerprints it spans that could have matched.
+
+    A copied span matches nearly every fingerprint inside it; two texts that only share a
+    template ("fix X for Y" / "fix Z for Y") match its ends and miss the middle. Fingerprints
+    that could not count are left out of the share: common, allowlisted or self-echo ones, and
+    those the source's sampling dropped (only values divisible by its ``sample_mod`` survive).
+    """
+    lo = int(np.searchsorted(offsets, run.start, "left"))
+    hi = int(np.searchsorted(offsets, run.end - n, "right"))
+    possible = counted[lo:hi]
+    if source.sample_mod > 1 and run.source_start >= source.sample_after:
+        possible = possible & (values[lo:hi] % np.uint64(source.sample_mod) == 0)
+    return replace(run, purity=run.fingerprints / max(int(possible.sum()), run.fingerprints))
+
+
 def coverage(found: list[Run], response_tokens: int) -> float:
     """Share of the response's tokens inside matched runs."""
     if response_tokens <= 0:
@@ -123,5 +150,7 @@ def severity(longest_run: int, t: Thresholds, *, canary: bool = False) -> str:
 
 
 def is_finding(found: list[Run], t: Thresholds) -> bool:
-    """More than a coincidence: one run with several fingerprints and a real length."""
-    return any(r.fingerprints >= t.min_matched and r.tokens >= t.min_run_tokens for r in found)
+    """More than a coincidence: one run with several fingerprints, a real length, and no holes."""
+    return any(
+        r.fingerprints >= t.min_matched and r.tokens >= t.min_run_tokens and r.purity >= t.min_purity for r in found
+    )

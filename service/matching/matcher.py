@@ -13,14 +13,17 @@ and what a KV leak carries is derived from the victim's prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from service import tracing
+from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
-from service.matching.evidence import Match, Run, Thresholds, coverage, is_finding, runs, severity
+from service.matching.evidence import Match, Run, Thresholds, coverage, is_finding, runs, severity, with_purity
 from service.matching.known import Known, KnownFingerprints
 
 CANARY_PARAMS = Params(sample_mod=1)
@@ -44,6 +47,8 @@ class FindingDraft:
     score: float
     severity: str
     evidence: dict[str, Any]
+    # The response's fingerprints that matched the top source, signed int64 (what a false positive allowlists).
+    matched_values: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,7 @@ class Matcher:
         allowed = known.allowed(meta.values)
         canary_pos = known.canaries.find(meta.values)
         lookups = await self._index.lookup(ns, meta.values, now)
+        counted = ~allowed  # fingerprints that could be evidence (for run purity)
         for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
             if allowed[i]:
                 continue
@@ -116,8 +122,10 @@ class Matcher:
                     matches.setdefault(("canary", cid), []).append(Match(offset, -cid, source_offset))
                 continue
             if found.entries is None:
+                counted[i] = False
                 continue  # common: shared by many tenants
             if any(e.tenant == recipient and e.kinds & Kind.PROMPT for e in found.entries):
+                counted[i] = False
                 continue  # self-echo: the recipient sent this text itself
             for e in found.entries:
                 if e.tenant != recipient and e.kinds & Kind.PROMPT:  # leaks come from prompts
@@ -128,7 +136,10 @@ class Matcher:
         summaries = []
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
-            found_runs = runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
+            found_runs = [
+                with_purity(r, meta.values, meta.offsets, counted, meta.params.n, sources[r.source_doc].params)
+                for r in runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
+            ]
             if kept and is_finding(found_runs, self._t):
                 summaries.append(_summarise(kept, found_runs, sources, meta.token_count))
         if not summaries:
@@ -157,6 +168,7 @@ class Matcher:
                 "scheme": {"n": meta.params.n, "w": meta.params.w},
                 "sources": [s.as_json() for s in summaries],
             },
+            matched_values=_matched_values(meta, top.offsets),
         )
 
     async def _sources(
@@ -182,6 +194,7 @@ class Summary:
     coverage: float
     request_ids: list[str]
     ranges: list[dict[str, Any]]
+    offsets: tuple[int, ...] = ()  # response token offsets of the matched fingerprints (not in evidence)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -204,6 +217,7 @@ def _summarise(matches: list[Match], found: list[Run], sources: dict[int, Source
         longest=max(r.tokens for r in found),
         coverage=round(coverage(found, tokens), 4),
         request_ids=sorted({sources[r.source_doc].request_id for r in found}),
+        offsets=tuple(m.response_offset for m in matches),
         ranges=[
             {
                 "response": [r.start, r.end],
@@ -211,10 +225,18 @@ def _summarise(matches: list[Match], found: list[Run], sources: dict[int, Source
                 "source_kind": sources[r.source_doc].kind,
                 "source": [r.source_start, r.source_end],
                 "fingerprints": r.fingerprints,
+                "purity": round(r.purity, 3),
             }
             for r in found
         ],
     )
+
+
+def _matched_values(meta: DocMeta, offsets: tuple[int, ...]) -> list[int]:
+    assert meta.values is not None
+    assert meta.offsets is not None
+    matched = np.isin(meta.offsets, np.array(offsets, dtype=np.uint32))
+    return to_signed(np.unique(meta.values[matched]))
 
 
 def _str(value: object) -> str | None:

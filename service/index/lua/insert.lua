@@ -1,72 +1,156 @@
 -- Index one shard's share of a batch and report what it shares with other tenants.
 -- Contract: service/index/base.py (memory.py is the same logic in Python). Every key this
 -- script touches starts with KEYS[1], whose hash tag pins the shard to one cluster slot.
+-- Layout, entry encoding and the presence filter: service/index/keys.py.
 --
--- KEYS[1]  shard base, e.g. bw:{<key id>:a7}:ix
--- ARGV[1]  current generation     ARGV[2] generations to read    ARGV[3] key TTL (s)
+-- KEYS[1]  shard base, e.g. bw:{<key id>:a7}:ix2
+-- ARGV[1]  current generation     ARGV[2] generations to read
+-- ARGV[3]  when the current generation's keys expire (Unix seconds, EXPIREAT)
 -- ARGV[4]  common: tenants with it in a prompt   ARGV[5] common: tenants with it at all
--- ARGV[6]  bucket bits in shard
--- ARGV[7]  records of 25 bytes, big-endian, in batch order:
---          batch pos u32, tenant u32, doc u32, kind u8, fingerprint 8 bytes, offset u32
--- Stored value per fingerprint: '*' once common, else 13-byte entries
---          tenant u32, doc u32, offset u32, kinds u8 (1 prompt, 2 response)
+-- ARGV[6]  struct format of one record, ARGV[7] its size in bytes
+-- ARGV[8]  records, big-endian, in batch order (service/index/redis_index.py builds them):
+--          batch pos u32, tenant u32, doc u32, kind u8, bucket (raw bytes), field (raw bytes), offset u32
+-- ARGV[9], ARGV[10], ...  two decimal strings per record: its bit in the presence filter, and
+--          its bucket's "has a TTL" bit (so redis.call never turns a Lua number into a string)
+-- A bucket's key is KEYS[1] .. ':' .. generation .. ':' .. bucket bytes; a generation's presence
+-- filter is KEYS[1] .. ':f:' .. generation: one bit per (bucket, 9 low bits of the fingerprint)
+-- set when a field is written, so a clear bit proves the field is not in that generation and
+-- the read is skipped. Filters and buckets expire at the same second.
+-- Stored value per field: '*' once common, else entries of
+--          varint(tenant * 4 + kinds) . doc u32 big-endian . varint(offset)
+-- (kinds: 1 prompt, 2 response; varint: 7 bits a byte, low first, high bit = more follows).
 -- An entry's doc is the tenant's first prompt with the fingerprint, else its first response.
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
 
 local base = KEYS[1]
 local cur = tonumber(ARGV[1])
 local gens = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
+local deadline = ARGV[3]
 local common_prompt = tonumber(ARGV[4])
 local common_any = tonumber(ARGV[5])
-local divisor = 2 ^ (16 - tonumber(ARGV[6]))
-local records = ARGV[7]
+local format = ARGV[6]
+local size = tonumber(ARGV[7])
+local records = ARGV[8]
+local FIRST_BIT_ARG = 9
+local count = #records / size
 
 local COMMON = '*'
-local ENTRY = 13
 local PROMPT, RESPONSE = 1, 2
+local CHUNK = 1000  -- BITFIELD subcommands per call: Lua's unpack has a C stack limit
+local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
+local spack, sunpack = struct.pack, struct.unpack
+local band, bor = bit.band, bit.bor
 
-local function bucket_key(gen, fp)
-  local bucket = math.floor((string.byte(fp, 2) * 256 + string.byte(fp, 3)) / divisor)
-  return base .. ':' .. gen .. ':' .. bucket
+local function varint(n)
+  if n < 128 then return char(n) end
+  if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
+  local t = {}
+  while n >= 128 do
+    t[#t + 1] = n % 128 + 128
+    n = floor(n / 128)
+  end
+  t[#t + 1] = n
+  return char(unpack(t))
 end
+
+local function entry(t, d, o, k)
+  return varint(t * 4 + k) .. spack('>I4', d) .. varint(o)
+end
+
+-- Calls fn(tenant, doc, offset, kinds, first byte, byte after) for each entry of a stored value.
+local function each(value, fn)
+  local i, n = 1, #value
+  while i <= n do
+    local start, x, m, b = i, 0, 1, 128
+    while b >= 128 do
+      b = byte(value, i); i = i + 1; x = x + (b % 128) * m; m = m * 128
+    end
+    local d = sunpack('>I4', value, i)
+    i = i + 4
+    local o
+    o, m, b = 0, 1, 128
+    while b >= 128 do
+      b = byte(value, i); i = i + 1; o = o + (b % 128) * m; m = m * 128
+    end
+    if fn(floor(x / 4), d, o, x % 4, start, i) then return end
+  end
+end
+
+-- Bits of one filter for every record: which = 0 the presence bit, 1 the bucket's TTL bit.
+local function read_bits(key, which)
+  local out = {}
+  for first = 0, count - 1, CHUNK do
+    local args = {}
+    for r = first, math.min(count, first + CHUNK) - 1 do
+      local n = #args
+      args[n + 1] = 'GET'; args[n + 2] = 'u1'; args[n + 3] = ARGV[FIRST_BIT_ARG + 2 * r + which]
+    end
+    local got = redis.call('BITFIELD_RO', key, unpack(args))
+    for i = 1, #got do out[first + i] = got[i] end
+  end
+  return out
+end
+
+local function set_bits(key, offsets)
+  for first = 1, #offsets, CHUNK do
+    local args = {}
+    for i = first, math.min(#offsets, first + CHUNK - 1) do
+      local n = #args
+      args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = offsets[i]; args[n + 4] = 1
+    end
+    redis.call('BITFIELD', key, unpack(args))
+  end
+end
+
+local gen_base, present = {}, {}
+local first_gen = cur - gens + 1
+for gen = first_gen, cur do
+  gen_base[gen] = base .. ':' .. gen .. ':'
+  present[gen] = read_bits(base .. ':f:' .. gen, 0)
+end
+local cur_filter = base .. ':f:' .. cur
+local has_ttl = read_bits(cur_filter, 1)
+local set_now, new_bits, expiring = {}, {}, {}
 
 -- Fold entry (d, o, k) into e: kinds add up; a prompt doc replaces a response-only one.
 local function fold(e, d, o, k)
-  if e[3] == RESPONSE and bit.band(k, PROMPT) == PROMPT then e[1] = d; e[2] = o end
-  e[3] = bit.bor(e[3], k)
+  if e[3] == RESPONSE and band(k, PROMPT) == PROMPT then e[1] = d; e[2] = o end
+  e[3] = bor(e[3], k)
 end
 
-local hits, order, touched = {}, {}, {}
+local hits, order = {}, {}
+local NONE = {}
 
-for r = 1, #records, 25 do
-  local pos, tenant, doc, kind, fp, offset = struct.unpack('>I4I4I4Bc8I4', records, r)
-  local merged, tenants, common, current = {}, {}, false, nil
-  local cur_key = bucket_key(cur, fp)
-  for gen = cur - gens + 1, cur do
-    local value = redis.call('HGET', (gen == cur) and cur_key or bucket_key(gen, fp), fp)
-    if value then
-      if gen == cur then current = value end
-      if value == COMMON then common = true break end
-      for i = 1, #value, ENTRY do
-        local t, d, o, k = struct.unpack('>I4I4I4B', value, i)
-        if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
+for r = 1, count do
+  local pos, tenant, doc, kind, bucket, field, offset = sunpack(format, records, (r - 1) * size + 1)
+  local bit_arg = ARGV[FIRST_BIT_ARG + 2 * (r - 1)]
+  local merged, tenants, common, current = NONE, NONE, false, nil
+  for gen = first_gen, cur do
+    if present[gen][r] == 1 or (gen == cur and set_now[bit_arg]) then
+      local value = redis.call('HGET', gen_base[gen] .. bucket, field)
+      if value then
+        if gen == cur then current = value end
+        if value == COMMON then common = true break end
+        if merged == NONE then merged, tenants = {}, {} end
+        each(value, function(t, d, o, k)
+          if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
+        end)
       end
     end
   end
   local senders = 0
   for _, t in ipairs(tenants) do
-    if bit.band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
+    if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
   end
   common = common or senders >= common_prompt or #tenants >= common_any
   local mine = merged[tenant]
   if not common then
-    local self_prompt = mine and bit.band(mine[3], PROMPT) == PROMPT
+    local self_prompt = mine and band(mine[3], PROMPT) == PROMPT
     for _, t in ipairs(tenants) do
       local e = merged[t]
       -- A leak goes from a prompt to another tenant's response (memory.py's _counts).
       local hit
-      if kind == RESPONSE then hit = bit.band(e[3], PROMPT) == PROMPT and not self_prompt
+      if kind == RESPONSE then hit = band(e[3], PROMPT) == PROMPT and not self_prompt
       else hit = e[3] == RESPONSE end
       if t ~= tenant and hit then
         local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
@@ -80,7 +164,7 @@ for r = 1, #records, 25 do
     -- Would this doc make it common?
     if not mine then
       common = #tenants + 1 >= common_any or (kind == PROMPT and senders + 1 >= common_prompt)
-    elseif kind == PROMPT and bit.band(mine[3], PROMPT) == 0 then
+    elseif kind == PROMPT and band(mine[3], PROMPT) == 0 then
       common = senders + 1 >= common_prompt
     end
   end
@@ -89,31 +173,42 @@ for r = 1, #records, 25 do
   if common then
     if current ~= COMMON then new_value = COMMON end
   elseif not current then
-    new_value = struct.pack('>I4I4I4B', tenant, doc, offset, kind)
+    new_value = entry(tenant, doc, offset, kind)
   else
     local found = false
-    for i = 1, #current, ENTRY do
-      local t, d, o, k = struct.unpack('>I4I4I4B', current, i)
-      if t == tenant then
-        found = true
-        local e = {d, o, k}
-        fold(e, doc, offset, kind)
-        if e[1] ~= d or e[3] ~= k then
-          new_value = string.sub(current, 1, i - 1) .. struct.pack('>I4I4I4B', t, e[1], e[2], e[3])
-            .. string.sub(current, i + ENTRY)
-        end
-        break
+    each(current, function(t, d, o, k, first, after)
+      if t ~= tenant then return false end
+      found = true
+      local e = {d, o, k}
+      fold(e, doc, offset, kind)
+      if e[1] ~= d or e[3] ~= k then
+        new_value = sub(current, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(current, after)
       end
-    end
-    if not found then new_value = current .. struct.pack('>I4I4I4B', tenant, doc, offset, kind) end
+      return true
+    end)
+    if not found then new_value = current .. entry(tenant, doc, offset, kind) end
   end
   if new_value then
-    redis.call('HSET', cur_key, fp, new_value)
-    touched[cur_key] = true
+    local key = gen_base[cur] .. bucket
+    redis.call('HSET', key, field, new_value)
+    if present[cur][r] == 0 and not set_now[bit_arg] then
+      set_now[bit_arg] = true
+      new_bits[#new_bits + 1] = bit_arg
+    end
+    local ttl_arg = ARGV[FIRST_BIT_ARG + 2 * (r - 1) + 1]
+    if has_ttl[r] == 0 and not set_now[ttl_arg] then
+      set_now[ttl_arg] = true
+      new_bits[#new_bits + 1] = ttl_arg
+      expiring[#expiring + 1] = key
+    end
   end
 end
 
-for key in pairs(touched) do redis.call('EXPIRE', key, ttl, 'NX') end
+if #new_bits > 0 then
+  set_bits(cur_filter, new_bits)
+  redis.call('EXPIREAT', cur_filter, deadline)
+end
+for _, key in ipairs(expiring) do redis.call('EXPIREAT', key, deadline) end
 
 local out = {}
 for _, hk in ipairs(order) do

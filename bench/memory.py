@@ -1,0 +1,192 @@
+"""Redis memory per indexed fingerprint, against one string key per fingerprint, in the same run.
+
+    .venv/bin/python bench/memory.py --fingerprints 5000000
+
+Starts its own redis-server on a free loopback port (never the shared one) with the hash
+encoding limits the index is sized for, stated on the command line so the figures do not
+depend on a redis.conf: ``hash-max-listpack-entries 128`` and ``hash-max-listpack-value 64``
+(Redis 7's defaults). Then, each time from an empty server:
+
+1. the reference: one string key per fingerprint with a TTL, ``SET <prefix>:fp:<key id>:<8 bytes>
+   <13-byte entry> EX <ttl>``, the obvious layout;
+2. the index: ``RedisIndex.insert`` of realistic batches (chat-sized prompts and responses from
+   a pool of tenants, a share of boilerplate several tenants send, which becomes common, and
+   responses that repeat their own prompt), everything that makes the index's answers right:
+   tenant ownership, first doc and offset, kinds, recency (the generation) and the cross-tenant
+   count (the entries and the common marker).
+
+Prints ``used_memory`` after minus before, per fingerprint inserted and per stored field, the
+ratio to the reference, how many hashes left the listpack encoding, and the insert rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+import redis.asyncio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from service.index.base import Doc, Kind
+from service.index.keys import Keys
+from service.index.redis_index import RedisIndex
+from service.index.window import Window
+from tests.redis_servers import RedisServer
+
+NS = "00112233445566aa"
+LISTPACK_ENTRIES = 128
+LISTPACK_VALUE = 64
+
+
+def used_memory(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def reference(client: redis.Redis, count: int, ttl: int, seed: int, prefix: bytes) -> float:
+    """Bytes per fingerprint with one string key each: ``prefix`` + 8 raw bytes -> one 13-byte entry."""
+    rng = np.random.default_rng(seed)
+    client.flushall()
+    before = used_memory(client)
+    entry = b"\x00\x00\x00\x07\x00\x01\x02\x03\x00\x00\x01\x00\x01"  # tenant u32, doc u32, offset u32, kinds
+    for start in range(0, count, 20_000):
+        raw = rng.integers(0, 2**64, min(20_000, count - start), dtype=np.uint64).astype(">u8").tobytes()
+        pipe = client.pipeline(transaction=False)
+        for i in range(0, len(raw), 8):
+            pipe.set(prefix + raw[i : i + 8], entry, ex=ttl)
+        pipe.execute()
+    return (used_memory(client) - before) / count
+
+
+def traffic(
+    rng: np.random.Generator, exchanges: int, tenants: int, first_ref: int
+) -> list[tuple[int, int, Kind, np.ndarray, np.ndarray]]:
+    """Docs of ``exchanges`` chat exchanges: (ref, tenant, kind, values, offsets)."""
+    boilerplate = [rng.integers(0, 2**64, 40, dtype=np.uint64) for _ in range(300)]
+    out = []
+    ref = first_ref
+    for _ in range(exchanges):
+        tenant = int(rng.integers(1, tenants + 1))
+        prompt = rng.integers(0, 2**64, int(rng.integers(60, 430)), dtype=np.uint64)
+        if rng.random() < 0.3:  # a system prompt or template shared with other tenants
+            prompt = np.concatenate([boilerplate[int(rng.integers(len(boilerplate)))], prompt])
+        response = rng.integers(0, 2**64, int(rng.integers(20, 115)), dtype=np.uint64)
+        if rng.random() < 0.2:  # the answer quotes the question
+            response = np.concatenate([response, prompt[-20:]])
+        for kind, values in ((Kind.PROMPT, prompt), (Kind.RESPONSE, response)):
+            offsets = np.cumsum(rng.integers(1, 7, len(values))).astype(np.uint32)
+            out.append((ref, tenant, kind, values, offsets))
+            ref += 1
+    return out
+
+
+async def index_memory(url: str, fingerprints: int, tenants: int, bucket_bits: int, seed: int) -> dict[str, float]:
+    client = redis.asyncio.Redis.from_url(url)
+    await client.flushall()
+    sync = redis.Redis.from_url(url)
+    window = Window(3600, 4)
+    index = RedisIndex(client, Keys("bw"), window, 3, 8, bucket_bits)
+    rng = np.random.default_rng(seed)
+    before = used_memory(sync)
+    inserted = 0
+    elapsed = 0.0
+    now = time.time()
+    ref = 2**31  # doc refs of a long-running deployment: 4 bytes whatever their size
+    while inserted < fingerprints:
+        docs = [Doc(r, t, k, v, o) for r, t, k, v, o in traffic(rng, 100, tenants, ref)]
+        ref += len(docs)
+        start = time.perf_counter()
+        await index.insert(NS, docs, now)
+        elapsed += time.perf_counter() - start
+        inserted += sum(len(d.values) for d in docs)
+    delta = used_memory(sync) - before
+    lua = sync.info("commandstats").get("cmdstat_evalsha", {"usec": 0})
+    fields = 0
+    not_listpack = 0
+    keys = 0
+    filters = 0
+    for key in sync.scan_iter(match="bw:{*", count=5000):
+        if sync.type(key) != b"hash":
+            filters += int(sync.memory_usage(key) or 0)
+            continue
+        keys += 1
+        fields += sync.hlen(key)
+        if sync.object("encoding", key) != b"listpack":
+            not_listpack += 1
+    await index.close()
+    sync.close()
+    return {
+        "inserted": inserted,
+        "bytes": delta,
+        "per_fp": delta / inserted,
+        "per_field": delta / fields,
+        "fields": fields,
+        "keys": keys,
+        "not_listpack": not_listpack,
+        "filters": filters,
+        "rate": inserted / elapsed,
+        "lua_rate": inserted / (int(lua["usec"]) / 1e6) if int(lua["usec"]) else float("nan"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fingerprints", type=int, default=5_000_000)
+    p.add_argument("--reference", type=int, default=2_000_000, help="string keys for the reference layout")
+    p.add_argument("--tenants", type=int, default=1000)
+    p.add_argument("--bucket-bits", type=int, default=16, help="BLEEDWATCH_INDEX_BUCKET_BITS")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bleedwatch-bench-memory-") as tmp:
+        server = RedisServer(
+            Path(tmp),
+            args=(
+                "--hash-max-listpack-entries",
+                str(LISTPACK_ENTRIES),
+                "--hash-max-listpack-value",
+                str(LISTPACK_VALUE),
+            ),
+        )
+        server.start()
+        try:
+            sync = redis.Redis.from_url(server.url)
+            version = sync.info("server")["redis_version"]
+            bare = reference(sync, args.reference, 3600, args.seed, b"")
+            named = reference(sync, args.reference, 3600, args.seed, f"bw:fp:{NS}:".encode())
+            sync.close()
+            got = asyncio.run(index_memory(server.url, args.fingerprints, args.tenants, args.bucket_bits, args.seed))
+        finally:
+            server.kill()
+    print(
+        f"Redis {version}, hash-max-listpack-entries {LISTPACK_ENTRIES}, hash-max-listpack-value {LISTPACK_VALUE}, "
+        f"bucket bits {args.bucket_bits}"
+    )
+    print(
+        f"  reference, one string key per fingerprint with a TTL and a 13-byte value: {bare:.1f} bytes per "
+        f"fingerprint with the bare 8-byte fingerprint as the key, {named:.1f} with a prefix and key id ({len(NS) + 7} "
+        "more bytes)"
+    )
+    ref = bare
+    print(
+        f"  index: {got['inserted']:,.0f} fingerprints inserted, {got['fields']:,.0f} fields in {got['keys']:,.0f} "
+        f"hashes ({got['fields'] / got['keys']:.0f} per hash, {got['not_listpack']:.0f} not listpack)"
+    )
+    print(f"  of which presence filters: {got['filters'] / got['inserted']:.1f} bytes per fingerprint")
+    print(
+        f"  index: {got['per_fp']:.1f} bytes per fingerprint inserted ({got['per_field']:.1f} per stored field), "
+        f"{ref / got['per_fp']:.1f}x smaller than the bare reference"
+    )
+    print(
+        f"  insert rate, one client: {got['rate']:,.0f} fingerprints/s; Redis' own time in the script "
+        f"(INFO commandstats): {got['lua_rate']:,.0f} fingerprints per second of Redis CPU"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy import String, cast, or_, select
+
+from service import cursors
+from service.audit import log
+from service.audit.models import AuditEntry
+from service.audit.schemas import AuditOut, AuditPage
+from service.auth.deps import require
+from service.auth.keys import Caller, Role
+from service.db import session_scope
+from service.deps import Deps
+from service.errors import Invalid, common_responses
+
+router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=common_responses())
+Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
+Text = Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+@router.get("", response_model=AuditPage, summary="The audit log, newest first")
+async def list_audit(
+    deps: Deps,
+    caller: Admin,
+    key_id: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_.:-]+$")] = None,
+    action: Annotated[str | None, Query(max_length=48, pattern=r"^[a-z0-9_.]+$")] = None,
+    target: Text = None,
+    tenant: Annotated[
+        str | None, Query(max_length=128, description="Entries about this tenant (matched by hash).")
+    ] = None,
+    request_id: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")] = None,
+    since: Annotated[datetime | None, Query(description="At or after (ISO 8601 with a timezone).")] = None,
+    until: Annotated[datetime | None, Query(description="Before.")] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> AuditPage:
+    """Every read of findings and incidents and every change, with who, when and the HTTP request id.
+
+    Reading the audit log is itself recorded.
+    """
+    for name, moment in (("since", since), ("until", until)):
+        if moment is not None and moment.tzinfo is None:
+            raise Invalid(f"{name}: give a timezone, e.g. 2026-12-02T10:00:00Z")
+    q = select(AuditEntry)
+    for column, value in (
+        (AuditEntry.key_id, key_id),
+        (AuditEntry.action, action),
+        (AuditEntry.target, target),
+        (AuditEntry.request_id, request_id),
+    ):
+        if value is not None:
+            q = q.where(column == value)
+    if tenant is not None:
+        hashed = log.tenant_hash(tenant)
+        q = q.where(or_(AuditEntry.target == f"tenant:{hashed}", cast(AuditEntry.detail, String).contains(hashed)))
+    if since is not None:
+        q = q.where(AuditEntry.at >= since)
+    if until is not None:
+        q = q.where(AuditEntry.at < until)
+    if cursor is not None:
+        (last_id,) = _cursor(cursor)
+        q = q.where(AuditEntry.id < last_id)
+    async with session_scope(deps.sessions) as session:
+        rows = list((await session.scalars(q.order_by(AuditEntry.id.desc()).limit(limit + 1))).all())
+        await log.record(
+            session,
+            caller,
+            "audit.list",
+            "audit",
+            {"filters": log.filters(key_id=key_id, action=action, target=target, tenant=tenant, since=since)},
+        )
+        next_cursor = cursors.encode("a", [rows[limit - 1].id]) if len(rows) > limit else None
+        return AuditPage(items=[AuditOut.model_validate(r) for r in rows[:limit]], next_cursor=next_cursor)
+
+
+def _cursor(cursor: str) -> tuple[int]:
+    value = cursors.decode("a", cursor)
+    if len(value) != 1 or not isinstance(value[0], int):
+        raise Invalid(cursors.BAD_CURSOR)
+    return (value[0],)

@@ -1,0 +1,1 @@
+"""Incidents: findings of one model and deployment grouped over time, with a responder's lifecycle."""

@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import Response
+
+from service import audit
+from service.audit.log import filters
+from service.auth.deps import READERS, require
+from service.auth.keys import Caller, Role
+from service.db import session_scope
+from service.deps import Deps
+from service.errors import Conflict, Invalid, NotFound, common_responses, responses
+from service.findings.schemas import Severity
+from service.incidents import impact, store
+from service.incidents.models import Incident
+from service.incidents.schemas import (
+    FindingPatch,
+    FindingTriage,
+    Format,
+    ImpactReport,
+    IncidentDetail,
+    IncidentPage,
+    IncidentPatch,
+    Order,
+    Sort,
+    Status,
+)
+
+router = APIRouter(prefix="/v1/incidents", tags=["incidents"], responses=common_responses())
+Reader = Annotated[Caller, Depends(require(*READERS))]
+Triage = Annotated[Caller, Depends(require(Role.TRIAGE, Role.ADMIN))]
+IncidentId = Annotated[int, Path(ge=1, lt=2**63)]
+CSV: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The impact report; text/csv (Accept: text/csv or ?format=csv) has one row per leaked response.",
+        "content": {"text/csv": {"schema": {"type": "string"}}},
+    }
+}
+
+
+def _aware(**values: datetime | None) -> None:
+    for name, value in values.items():
+        if value is not None and value.tzinfo is None:
+            raise Invalid(f"{name}: give a timezone, e.g. 2026-12-02T10:00:00Z")
+
+
+async def _incident(session: Any, incident_id: int) -> Incident:
+    incident = await store.get(session, incident_id)
+    if incident is None:
+        raise NotFound(f"no incident {incident_id}")
+    return incident
+
+
+@router.get("", response_model=IncidentPage, summary="Incidents, filtered and sorted")
+async def list_incidents(
+    deps: Deps,
+    caller: Reader,
+    status: Status | None = None,
+    severity: Severity | None = None,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    deployment: Annotated[str | None, Query(max_length=256)] = None,
+    tenant: Annotated[str | None, Query(max_length=128, description="On either side (source or recipient).")] = None,
+    since: Annotated[datetime | None, Query(description="Leaked responses at or after (ISO 8601, timezone).")] = None,
+    until: Annotated[datetime | None, Query(description="Leaked responses before.")] = None,
+    sort: Sort = "last_seen_at",
+    order: Order = "desc",
+    cursor: Annotated[str | None, Query(max_length=400)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> IncidentPage:
+    """Pass ``next_cursor`` back as ``cursor`` (with the same sort and order) for the next page."""
+    _aware(since=since, until=until)
+    f = store.IncidentFilter(status.value if status else None, severity, model, deployment, tenant, since, until)
+    async with session_scope(deps.sessions) as session:
+        rows, next_cursor = await store.page(session, f, sort, order, cursor, limit)
+        tenants = await store.tenants_of(session, [r.id for r in rows])
+        await audit.record(
+            session,
+            caller,
+            "incidents.list",
+            "incidents",
+            {
+                "filters": filters(
+                    status=status, severity=severity, model=model, deployment=deployment, tenant=tenant, since=since
+                ),
+                "ids": [r.id for r in rows],
+            },
+        )
+        return IncidentPage(items=[store.to_out(r, tenants[r.id]) for r in rows], next_cursor=next_cursor)
+
+
+@router.get("/{incident_id}", response_model=IncidentDetail, responses=responses(NotFound), summary="One incident")
+async def get_incident(deps: Deps, caller: Reader, incident_id: IncidentId) -> IncidentDetail:
+    """With a summary of each finding and the whole timeline (who changed what, when)."""
+    async with session_scope(deps.sessions) as session:
+        incident = await _incident(session, incident_id)
+        await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
+        return await store.detail(session, incident)
+
+
+@router.get(
+    "/{incident_id}/impact",
+    response_model=ImpactReport,
+    responses=CSV | responses(NotFound),
+    summary="Who must be told: the incident's impact report",
+)
+async def get_impact(
+    request: Request,
+    deps: Deps,
+    caller: Reader,
+    incident_id: IncidentId,
+    format: Annotated[Format | None, Query(description="csv: one row per leaked response.")] = None,
+) -> Any:
+    """Source and recipient tenants, per pair the responses and their times; models, deployments, nodes;
+    prompt lengths; and the deployment's engine integrity signals over the same time range."""
+    as_csv = format == "csv" or (format is None and "text/csv" in request.headers.get("accept", ""))
+    async with session_scope(deps.sessions) as session:
+        incident = await _incident(session, incident_id)
+        report = await impact.report(session, incident)
+        await audit.record(
+            session,
+            caller,
+            "incidents.impact",
+            f"incident:{incident_id}",
+            {"format": "csv" if as_csv else "json", "responses": report.response_count},
+        )
+    if as_csv:
+        return Response(
+            impact.to_csv(report),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="incident-{incident_id}-impact.csv"'},
+        )
+    return report
+
+
+@router.patch(
+    "/{incident_id}",
+    response_model=IncidentDetail,
+    responses=responses(NotFound, Conflict),
+    summary="Change an incident's status, assignee or notes",
+)
+async def patch_incident(deps: Deps, caller: Triage, incident_id: IncidentId, body: IncidentPatch) -> IncidentDetail:
+    """open -> acknowledged -> resolved, or false_positive, which allowlists every finding's matched
+    fingerprints (under its key id); back to open revokes those entries. Other steps are 409."""
+    async with session_scope(deps.sessions) as session:
+        incident = await _incident(session, incident_id)
+        changed = await store.update(session, incident, body, caller.key_id)
+        await audit.record(
+            session,
+            caller,
+            "incidents.update",
+            f"incident:{incident_id}",
+            {"fields": sorted(body.model_fields_set), "status": incident.status},
+        )
+        result = await store.detail(session, incident)
+    for key_id in changed:
+        deps.known.invalidate(key_id)
+    await deps.incidents.refresh_quietly()
+    return result
+
+
+@router.patch(
+    "/{incident_id}/findings/{finding_id}",
+    response_model=FindingTriage,
+    responses=responses(NotFound),
+    summary="Mark one finding of an incident a false positive, or undo it",
+)
+async def patch_finding(
+    deps: Deps,
+    caller: Triage,
+    incident_id: IncidentId,
+    finding_id: Annotated[int, Path(ge=1, lt=2**63)],
+    body: FindingPatch,
+) -> FindingTriage:
+    """A false positive adds the fingerprints it matched to the allowlist of its key id (origin
+    ``false_positive:finding:<id>``); false again revokes that entry."""
+    async with session_scope(deps.sessions) as session:
+        incident = await _incident(session, incident_id)
+        done = await store.set_finding_false_positive(session, incident, finding_id, body.false_positive, caller.key_id)
+        if done is None:
+            raise NotFound(f"no finding {finding_id} in incident {incident_id}")
+        finding, changed = done
+        await audit.record(
+            session,
+            caller,
+            "incidents.finding.update",
+            f"finding:{finding_id}",
+            {"incident_id": incident_id, "false_positive": body.false_positive},
+        )
+        result = FindingTriage(incident=await store.out(session, incident), finding=finding)
+    for key_id in changed:
+        deps.known.invalidate(key_id)
+    return result

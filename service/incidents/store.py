@@ -1,0 +1,290 @@
+"""Incidents in the database: listing, detail, lifecycle, false positives. Functions flush; the
+caller's session scope commits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from service import cursors
+from service.allowlist import store as allowlist
+from service.db import utcnow
+from service.errors import Conflict, Invalid
+from service.findings.models import Finding
+from service.fingerprint.encoding import from_signed
+from service.incidents import grouping
+from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
+from service.incidents.schemas import (
+    TRANSITIONS,
+    EventOut,
+    FindingSummary,
+    IncidentDetail,
+    IncidentOut,
+    IncidentPatch,
+    Order,
+    Sort,
+    Status,
+)
+
+CLOSED = (Status.RESOLVED, Status.FALSE_POSITIVE)
+MAX_DETAIL_FINDINGS = 5000
+_SORT_COLUMNS = {
+    "opened_at": Incident.opened_at,
+    "last_seen_at": Incident.last_seen_at,
+    "severity": Incident.severity_rank,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentFilter:
+    status: str | None = None
+    severity: str | None = None
+    model: str | None = None
+    deployment: str | None = None
+    tenant: str | None = None
+    since: datetime | None = None  # incidents whose leaked responses reach past this
+    until: datetime | None = None  # ... and start before this
+
+
+def _filtered(f: IncidentFilter) -> Any:
+    q = select(Incident)
+    for column, value in (
+        (Incident.status, f.status),
+        (Incident.severity, f.severity),
+        (Incident.model, f.model),
+        (Incident.deployment, f.deployment),
+    ):
+        if value is not None:
+            q = q.where(column == value)
+    if f.tenant is not None:
+        q = q.where(exists().where(IncidentTenant.incident_id == Incident.id, IncidentTenant.tenant == f.tenant))
+    if f.since is not None:
+        q = q.where(Incident.last_seen_at >= f.since)
+    if f.until is not None:
+        q = q.where(Incident.first_seen_at < f.until)
+    return q
+
+
+def _cursor_value(incident: Incident, sort: Sort) -> Any:
+    value = getattr(incident, "severity_rank" if sort == "severity" else sort)
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _decode_cursor(cursor: str, sort: Sort, order: Order) -> tuple[Any, int]:
+    value = cursors.decode("i", cursor)
+    if len(value) != 4 or value[0] != sort or value[1] != order or not isinstance(value[3], int):
+        raise Invalid(cursors.BAD_CURSOR)
+    raw = value[2]
+    try:
+        key = int(raw) if sort == "severity" else datetime.fromisoformat(str(raw))
+    except (TypeError, ValueError):
+        raise Invalid(cursors.BAD_CURSOR) from None
+    if isinstance(key, datetime) and key.tzinfo is None:
+        raise Invalid(cursors.BAD_CURSOR)
+    return key, value[3]
+
+
+async def page(
+    session: AsyncSession, f: IncidentFilter, sort: Sort, order: Order, cursor: str | None, limit: int
+) -> tuple[list[Incident], str | None]:
+    """Keyset pagination on (sort column, id); the cursor carries the sort it was made for."""
+    column = _SORT_COLUMNS[sort]
+    q = _filtered(f)
+    if cursor is not None:
+        key, last_id = _decode_cursor(cursor, sort, order)
+        if order == "desc":
+            q = q.where(or_(column < key, and_(column == key, Incident.id < last_id)))
+        else:
+            q = q.where(or_(column > key, and_(column == key, Incident.id > last_id)))
+    ordering = (column.desc(), Incident.id.desc()) if order == "desc" else (column.asc(), Incident.id.asc())
+    rows = list((await session.scalars(q.order_by(*ordering).limit(limit + 1))).all())
+    next_cursor = None
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        next_cursor = cursors.encode("i", [sort, order, _cursor_value(last, sort), last.id])
+    return rows[:limit], next_cursor
+
+
+async def tenants_of(session: AsyncSession, ids: list[int]) -> dict[int, tuple[list[str], list[str]]]:
+    out: dict[int, tuple[list[str], list[str]]] = {i: ([], []) for i in ids}
+    if not ids:
+        return out
+    rows = await session.execute(
+        select(IncidentTenant.incident_id, IncidentTenant.tenant, IncidentTenant.side)
+        .where(IncidentTenant.incident_id.in_(ids))
+        .order_by(IncidentTenant.tenant)
+    )
+    for incident_id, tenant, side in rows:
+        out[incident_id][0 if side == "source" else 1].append(tenant)
+    return out
+
+
+def to_out(incident: Incident, tenants: tuple[list[str], list[str]]) -> IncidentOut:
+    return IncidentOut(
+        id=incident.id,
+        status=Status(incident.status),
+        severity=incident.severity,
+        model=incident.model,
+        deployment=incident.deployment,
+        assignee=incident.assignee,
+        notes=incident.notes,
+        opened_at=incident.opened_at,
+        first_seen_at=incident.first_seen_at,
+        last_seen_at=incident.last_seen_at,
+        updated_at=incident.updated_at,
+        closed_at=incident.closed_at,
+        finding_count=incident.finding_count,
+        source_tenants=tenants[0],
+        recipient_tenants=tenants[1],
+    )
+
+
+async def out(session: AsyncSession, incident: Incident) -> IncidentOut:
+    return to_out(incident, (await tenants_of(session, [incident.id]))[incident.id])
+
+
+async def get(session: AsyncSession, incident_id: int) -> Incident | None:
+    return await session.get(Incident, incident_id)
+
+
+async def findings_of(session: AsyncSession, incident_id: int) -> list[tuple[Finding, IncidentFinding]]:
+    rows = await session.execute(
+        select(Finding, IncidentFinding)
+        .join(IncidentFinding, IncidentFinding.finding_id == Finding.id)
+        .where(IncidentFinding.incident_id == incident_id)
+        .order_by(Finding.response_at, Finding.id)
+    )
+    return [(f, link) for f, link in rows]
+
+
+def summary(finding: Finding, link: IncidentFinding) -> FindingSummary:
+    return FindingSummary(
+        id=finding.id,
+        recipient_tenant=finding.recipient_tenant,
+        recipient_request_id=finding.recipient_request_id,
+        source_tenant=finding.source_tenant,
+        response_at=finding.response_at,
+        detected_at=finding.detected_at,
+        node=finding.node,
+        prompt_tokens=finding.prompt_tokens,
+        severity=finding.severity,
+        matched_fingerprints=finding.matched_fingerprints,
+        longest_run_words=finding.longest_run_words,
+        false_positive=link.false_positive,
+        allowlist_entry_id=link.allowlist_entry_id,
+    )
+
+
+async def detail(session: AsyncSession, incident: Incident) -> IncidentDetail:
+    found = await findings_of(session, incident.id)
+    events = (
+        await session.scalars(
+            select(IncidentEvent).where(IncidentEvent.incident_id == incident.id).order_by(IncidentEvent.id)
+        )
+    ).all()
+    base = await out(session, incident)
+    return IncidentDetail(
+        **base.model_dump(),
+        findings=[summary(f, link) for f, link in found[:MAX_DETAIL_FINDINGS]],
+        timeline=[EventOut.model_validate(e) for e in events],
+    )
+
+
+# --- lifecycle and false positives ------------------------------------------------------------
+
+
+async def _mark(
+    session: AsyncSession, incident: Incident, finding: Finding, link: IncidentFinding, by: str, via: str
+) -> str:
+    values = from_signed(finding.matched_values or [])
+    entry = await allowlist.add(
+        session,
+        finding.key_id,
+        f"false positive: finding {finding.id} (incident {incident.id})",
+        f"false_positive:finding:{finding.id}",
+        values,
+        by,
+    )
+    link.false_positive, link.false_positive_via, link.allowlist_entry_id = True, via, entry.id
+    grouping.event(
+        session,
+        incident.id,
+        by,
+        "finding_false_positive",
+        finding_id=finding.id,
+        allowlist_entry_id=entry.id,
+        fingerprints=entry.fingerprint_count,
+        via=via,
+    )
+    return finding.key_id
+
+
+async def _unmark(session: AsyncSession, incident: Incident, finding: Finding, link: IncidentFinding, by: str) -> str:
+    if link.allowlist_entry_id is not None:
+        await allowlist.revoke(session, link.allowlist_entry_id, by)
+    grouping.event(
+        session, incident.id, by, "finding_restored", finding_id=finding.id, allowlist_entry_id=link.allowlist_entry_id
+    )
+    link.false_positive, link.false_positive_via, link.allowlist_entry_id = False, None, None
+    return finding.key_id
+
+
+async def set_finding_false_positive(
+    session: AsyncSession, incident: Incident, finding_id: int, false_positive: bool, by: str
+) -> tuple[FindingSummary, set[str]] | None:
+    """Mark or unmark one finding; returns its summary and the key ids whose allowlist changed."""
+    for finding, link in await findings_of(session, incident.id):
+        if finding.id != finding_id:
+            continue
+        changed: set[str] = set()
+        if false_positive and not link.false_positive:
+            changed.add(await _mark(session, incident, finding, link, by, "finding"))
+        elif not false_positive and link.false_positive:
+            changed.add(await _unmark(session, incident, finding, link, by))
+        if changed:
+            incident.updated_at = utcnow()
+        await session.flush()
+        return summary(finding, link), changed
+    return None
+
+
+async def update(session: AsyncSession, incident: Incident, patch: IncidentPatch, by: str) -> set[str]:
+    """Apply a responder's change; returns the key ids whose allowlist changed. 409 on a step not allowed."""
+    fields = patch.model_fields_set
+    changed: set[str] = set()
+    now = utcnow()
+    touched = False
+    if "status" in fields and patch.status is not None and patch.status != incident.status:
+        before, after = Status(incident.status), patch.status
+        if after not in TRANSITIONS[before]:
+            allowed = ", ".join(sorted(TRANSITIONS[before]))
+            raise Conflict(f"status: an incident that is {before} can become {allowed}, not {after}")
+        found = await findings_of(session, incident.id)
+        if after == Status.FALSE_POSITIVE:
+            for finding, link in found:
+                if not link.false_positive:
+                    changed.add(await _mark(session, incident, finding, link, by, "incident"))
+        if before == Status.FALSE_POSITIVE:
+            for finding, link in found:
+                if link.false_positive and link.false_positive_via == "incident":
+                    changed.add(await _unmark(session, incident, finding, link, by))
+        incident.status = after.value
+        incident.closed_at = now if after in CLOSED else None
+        grouping.event(session, incident.id, by, "status", before=before.value, after=after.value)
+        touched = True
+    if "assignee" in fields and patch.assignee != incident.assignee:
+        grouping.event(session, incident.id, by, "assignee", before=incident.assignee, after=patch.assignee)
+        incident.assignee = patch.assignee
+        touched = True
+    if "notes" in fields and patch.notes != incident.notes:
+        grouping.event(session, incident.id, by, "notes", notes=patch.notes)
+        incident.notes = patch.notes
+        touched = True
+    if touched:
+        incident.updated_at = now
+    await session.flush()
+    return changed

@@ -1,0 +1,1 @@
+"""Retention of what the database holds, and the purge of everything held about one tenant."""

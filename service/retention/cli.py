@@ -1,0 +1,51 @@
+"""``bleedwatch prune`` and ``bleedwatch tenants purge``: straight on the database, like ``keys``."""
+
+from __future__ import annotations
+
+import argparse
+
+from service.audit.log import CLI
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.retention.jobs import Retention, prune, purge_tenant
+from service.retention.routes import NOT_PURGED, index_note
+
+
+async def run_prune(_: argparse.Namespace) -> int:
+    settings = Settings()
+    engine = make_engine(settings)
+    retention = Retention(
+        settings.findings_retention_days, settings.incidents_retention_days, settings.audit_retention_days
+    )
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            pruned = await prune(session, retention)
+    finally:
+        await engine.dispose()
+    if pruned is None:
+        print("another replica is pruning right now; nothing done")
+        return 1
+    print(
+        f"pruned {pruned.findings} findings (older than {retention.findings_days} days), "
+        f"{pruned.incidents} closed incidents ({retention.incidents_days} days), "
+        f"{pruned.audit_entries} audit entries ({retention.audit_days} days), "
+        f"{pruned.webhook_deliveries} finished webhook deliveries"
+    )
+    return 0
+
+
+async def run_purge(args: argparse.Namespace) -> int:
+    settings = Settings()
+    engine = make_engine(settings)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            purged = await purge_tenant(session, args.tenant, CLI)
+    finally:
+        await engine.dispose()
+    print(
+        f"purged: {purged.findings_deleted} findings deleted, {purged.findings_scrubbed} scrubbed, "
+        f"{purged.incidents_deleted} incidents deleted, {purged.incidents_updated} updated"
+    )
+    print(f"index: {index_note(settings)}")
+    print(f"not purged: {NOT_PURGED}")
+    return 0

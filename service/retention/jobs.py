@@ -1,0 +1,253 @@
+"""Pruning by age, and purging one tenant. Functions flush; the caller's session scope commits.
+
+``prune`` runs in one transaction per call. On PostgreSQL it first takes a transaction-scoped
+advisory lock (``pg_try_advisory_xact_lock``): a replica that does not get it skips this round,
+so at most one replica prunes at a time; it also sets ``bleedwatch.retention = 'on'`` for the
+transaction, the only way past the audit log's append-only trigger. SQLite is one process.
+
+What is kept how long (days, ``BLEEDWATCH_*_RETENTION_DAYS``):
+- findings, by detection time; their incident links go with them;
+- closed incidents (resolved, false positive), by last change, with their timeline; open and
+  acknowledged incidents are never pruned: someone still has to close them;
+- audit entries, by time;
+- webhook deliveries, once delivered or given up, after ``OUTBOX_KEEP_DAYS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy.exc
+from sqlalchemy import delete, func, or_, select, text, type_coerce
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm.attributes import flag_modified
+
+from service import audit
+from service.audit.log import SYSTEM
+from service.audit.models import AuditEntry
+from service.db import session_scope, utcnow
+from service.findings.models import Finding
+from service.incidents import grouping
+from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
+from service.webhooks.models import WebhookDelivery
+
+log = logging.getLogger("bleedwatch.retention")
+PRUNE_LOCK_KEY = 0x626C_6565_6477_0001  # "bleedw" + 1: the one advisory lock of the prune job
+OUTBOX_KEEP_DAYS = 7
+CHUNK = 500  # ids per IN (...) list
+CLOSED = ("resolved", "false_positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    findings_days: int
+    incidents_days: int
+    audit_days: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    findings: int
+    incidents: int
+    audit_entries: int
+    webhook_deliveries: int
+
+
+def _pg(session: AsyncSession) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _count(result: Any) -> int:
+    return int(result.rowcount or 0)
+
+
+def _chunks(ids: list[int]) -> list[list[int]]:
+    return [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)]
+
+
+async def _delete_incidents(session: AsyncSession, ids: list[int]) -> None:
+    """Incidents with their links, tenants, timeline and pending notifications (no FK cascade on SQLite)."""
+    for chunk in _chunks(ids):
+        for table in (IncidentFinding, IncidentTenant, IncidentEvent):
+            await session.execute(delete(table).where(table.incident_id.in_(chunk)))
+        await session.execute(delete(WebhookDelivery).where(WebhookDelivery.incident_id.in_(chunk)))
+        await session.execute(delete(Incident).where(Incident.id.in_(chunk)))
+
+
+async def _delete_findings(session: AsyncSession, ids: list[int]) -> None:
+    for chunk in _chunks(ids):
+        await session.execute(delete(IncidentFinding).where(IncidentFinding.finding_id.in_(chunk)))
+        await session.execute(delete(Finding).where(Finding.id.in_(chunk)))
+
+
+async def prune(session: AsyncSession, retention: Retention, now: datetime | None = None) -> Pruned | None:
+    """Delete what is past its retention; None if another replica holds the prune lock."""
+    now = now or utcnow()
+    if _pg(session):
+        if not await session.scalar(select(func.pg_try_advisory_xact_lock(PRUNE_LOCK_KEY))):
+            return None
+        await session.execute(text("SET LOCAL bleedwatch.retention = 'on'"))
+    old_findings = list(
+        await session.scalars(
+            select(Finding.id).where(Finding.detected_at < now - timedelta(days=retention.findings_days))
+        )
+    )
+    await _delete_findings(session, old_findings)
+    old_incidents = list(
+        await session.scalars(
+            select(Incident.id).where(
+                Incident.status.in_(CLOSED), Incident.updated_at < now - timedelta(days=retention.incidents_days)
+            )
+        )
+    )
+    await _delete_incidents(session, old_incidents)
+    audit_entries = _count(
+        await session.execute(delete(AuditEntry).where(AuditEntry.at < now - timedelta(days=retention.audit_days)))
+    )
+    done_before = now - timedelta(days=OUTBOX_KEEP_DAYS)
+    deliveries = _count(
+        await session.execute(
+            delete(WebhookDelivery).where(
+                or_(WebhookDelivery.delivered_at < done_before, WebhookDelivery.failed_at < done_before)
+            )
+        )
+    )
+    pruned = Pruned(len(old_findings), len(old_incidents), audit_entries, deliveries)
+    await audit.record(session, SYSTEM, "retention.prune", "database", asdict(pruned) | asdict(retention))
+    return pruned
+
+
+# --- purging one tenant -----------------------------------------------------------------------
+
+
+def _mentions(session: AsyncSession, tenant: str) -> Any:
+    """Findings whose evidence lists the tenant as one of its sources."""
+    if _pg(session):
+        return type_coerce(Finding.evidence, JSONB).contains({"sources": [{"tenant": tenant}]})
+    return text(
+        "EXISTS (SELECT 1 FROM json_each(findings.evidence, '$.sources') AS s "
+        "WHERE json_extract(s.value, '$.tenant') = :purged_tenant)"
+    ).bindparams(purged_tenant=tenant)
+
+
+async def _rebuild(session: AsyncSession, incident: Incident) -> bool:
+    """Recompute an incident from the findings it still has; False (and deleted) if it has none."""
+    rows = (
+        await session.scalars(
+            select(Finding)
+            .join(IncidentFinding, IncidentFinding.finding_id == Finding.id)
+            .where(IncidentFinding.incident_id == incident.id)
+        )
+    ).all()
+    if not rows:
+        await _delete_incidents(session, [incident.id])
+        return False
+    top = max(rows, key=lambda f: grouping.SEVERITY_RANK.get(f.severity, 1))
+    incident.severity, incident.severity_rank = top.severity, grouping.SEVERITY_RANK.get(top.severity, 1)
+    incident.first_seen_at = min(f.response_at for f in rows)
+    incident.last_seen_at = max(f.response_at for f in rows)
+    incident.finding_count = len(rows)
+    incident.updated_at = utcnow()
+    await session.execute(delete(IncidentTenant).where(IncidentTenant.incident_id == incident.id))
+    sides: set[tuple[str, str]] = set()
+    for f in rows:
+        sides |= {(f.recipient_tenant, "recipient"), (f.source_tenant, "source")}
+        sides |= {(s["tenant"], "source") for s in f.evidence.get("sources", ()) if isinstance(s.get("tenant"), str)}
+    await grouping.add_tenants(session, incident.id, sides)
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    findings_deleted: int
+    findings_scrubbed: int
+    incidents_deleted: int
+    incidents_updated: int
+
+
+async def purge_tenant(session: AsyncSession, tenant: str, by: str) -> Purged:
+    """Delete every finding where the tenant is recipient or top source, drop it from other findings'
+    evidence, and rebuild (or delete, if left empty) every incident that involved it. Audited."""
+    direct = list(
+        await session.scalars(
+            select(Finding.id).where(or_(Finding.recipient_tenant == tenant, Finding.source_tenant == tenant))
+        )
+    )
+    affected: set[int] = set()
+    for chunk in _chunks(direct):
+        affected |= set(
+            await session.scalars(select(IncidentFinding.incident_id).where(IncidentFinding.finding_id.in_(chunk)))
+        )
+    affected |= set(await session.scalars(select(IncidentTenant.incident_id).where(IncidentTenant.tenant == tenant)))
+    await _delete_findings(session, direct)
+    scrubbed = 0
+    for finding in (await session.scalars(select(Finding).where(_mentions(session, tenant)))).all():
+        sources = [s for s in finding.evidence.get("sources", ()) if s.get("tenant") != tenant]
+        finding.evidence = {**finding.evidence, "sources": sources}
+        flag_modified(finding, "evidence")  # the top source (source_tenant, source_request_ids) is not the tenant
+        scrubbed += 1
+        link = await session.get(IncidentFinding, finding.id)
+        if link is not None:
+            affected.add(link.incident_id)
+    await session.execute(delete(IncidentTenant).where(IncidentTenant.tenant == tenant))
+    deleted = updated = 0
+    for incident_id in sorted(affected):
+        incident = await session.get(Incident, incident_id)
+        if incident is None:
+            continue
+        if await _rebuild(session, incident):
+            updated += 1
+            grouping.event(session, incident.id, by, "tenant_purged", findings_left=incident.finding_count)
+        else:
+            deleted += 1
+    await session.flush()
+    purged = Purged(len(direct), scrubbed, deleted, updated)
+    await audit.record(session, by, "tenants.purge", f"tenant:{audit.tenant_hash(tenant)}", asdict(purged))
+    return purged
+
+
+class RetentionJob:
+    """Prunes every ``interval_seconds`` (first run after at most a minute), on every replica that
+    gets the lock; a failed round is logged and retried next time."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], retention: Retention, interval_seconds: float
+    ) -> None:
+        self._sessions = sessions
+        self._retention = retention
+        self._interval = interval_seconds
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_once(self) -> Pruned | None:
+        async with session_scope(self._sessions) as session:
+            pruned = await prune(session, self._retention)
+        if pruned is not None:
+            log.info("retention_pruned", extra=asdict(pruned))
+        return pruned
+
+    async def start(self) -> None:
+        if self._interval > 0:
+            self._task = asyncio.create_task(self._periodically())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _periodically(self) -> None:
+        delay = min(self._interval, 60.0)
+        while True:
+            await asyncio.sleep(delay)
+            delay = self._interval
+            try:
+                await self.run_once()
+            except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
+                log.warning("retention_failed", extra={"exc_type": type(exc).__name__})

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+
+from service.auth.deps import require
+from service.auth.keys import Caller, Role
+from service.config import Settings
+from service.db import session_scope
+from service.deps import Deps
+from service.errors import common_responses
+from service.retention import jobs
+from service.retention.schemas import PurgeIn, PurgeResult
+
+router = APIRouter(prefix="/v1/tenants", tags=["retention"], responses=common_responses())
+Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
+
+
+def index_note(settings: Settings) -> str:
+    kept = settings.generation_seconds * settings.index_generations
+    return (
+        "the fingerprint index cannot be searched by tenant, so its entries for this tenant are not deleted: "
+        f"they expire at most {kept} s after the tenant's last exchange "
+        "(BLEEDWATCH_RETENTION_SECONDS and BLEEDWATCH_INDEX_GENERATIONS); send none of its traffic until then"
+    )
+
+
+NOT_PURGED = (
+    "audit entries (they name tenants only by hash), allowlist entries learnt from false positives "
+    "(fingerprints under a key id, no tenant), canaries and API keys limited to the tenant (configuration: "
+    "revoke them yourself), and responders' free text in incident notes"
+)
+
+
+@router.post("/purge", response_model=PurgeResult, summary="Delete everything held about one tenant")
+async def purge(deps: Deps, caller: Admin, body: PurgeIn) -> PurgeResult:
+    """Findings where the tenant is recipient or source, its place in other findings' evidence and in
+    incidents (incidents left empty are deleted). The purge itself is audited, by tenant hash."""
+    async with session_scope(deps.sessions) as session:
+        purged = await jobs.purge_tenant(session, body.tenant, caller.key_id)
+    await deps.incidents.refresh_quietly()
+    return PurgeResult(
+        tenant=body.tenant,
+        findings_deleted=purged.findings_deleted,
+        findings_scrubbed=purged.findings_scrubbed,
+        incidents_deleted=purged.incidents_deleted,
+        incidents_updated=purged.incidents_updated,
+        index=index_note(deps.settings),
+        not_purged=NOT_PURGED,
+    )

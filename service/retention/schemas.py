@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Tenant = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class PurgeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Tenant = Field(description="The tenant as gateways report it.")
+
+
+class PurgeResult(BaseModel):
+    tenant: str
+    findings_deleted: int = Field(description="Findings where the tenant was recipient or top source.")
+    findings_scrubbed: int = Field(description="Other findings whose evidence listed the tenant as one source.")
+    incidents_deleted: int = Field(description="Incidents left with no finding.")
+    incidents_updated: int = Field(description="Incidents recomputed from the findings they still have.")
+    index: str = Field(description="What happens to the fingerprint index's entries for the tenant.")
+    not_purged: str = Field(description="What bleedwatch keeps, and why.")

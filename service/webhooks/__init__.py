@@ -1,0 +1,1 @@
+"""Signed outgoing webhooks on new incidents, delivered from a durable outbox table."""

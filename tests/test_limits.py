@@ -1,0 +1,123 @@
+"""Hostile and broken input: rate limits, timestamps, unknown key ids, content types, lengths."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+
+from service.auth.keys import Role
+from service.config import Settings
+from tests.conftest import Api, running_api
+from tests.incident_traffic import leak_pair
+from tests.traffic import KEY
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def strict_api(settings: Settings) -> AsyncIterator[Api]:
+    limited = settings.model_copy(
+        update={"rate_limit_per_second": 0.5, "rate_limit_burst": 3, "accepted_key_ids": frozenset({"0" * 16})}
+    )
+    async with running_api(limited) as api:
+        yield api
+
+
+async def test_rate_limit_is_per_key_with_retry_after_and_shared_by_replicas(
+    strict_api: Api, settings: Settings
+) -> None:
+    read = strict_api.headers(Role.READ)
+    for _ in range(3):
+        assert (await strict_api.client.get("/v1/findings", headers=read)).status_code == 200
+    limited = await strict_api.client.get("/v1/findings", headers=read)
+    assert limited.status_code == 429
+    assert limited.json()["error"] == "rate_limited"
+    assert 1 <= int(limited.headers["retry-after"]) <= 2
+    assert (await strict_api.client.get("/v1/findings", headers=strict_api.headers(Role.TRIAGE))).status_code == 200
+    # An ingest batch is one request, whatever it holds.
+    exchanges, _ = leak_pair("argparse", "acme", "globex", time.time())
+    bad = {"exchanges": exchanges}  # refused for its key id below, after taking its token
+    for _ in range(3):
+        assert (
+            await strict_api.client.post("/v1/exchanges", json=bad, headers=strict_api.headers(Role.INGEST))
+        ).status_code == 422
+    refused = await strict_api.client.post("/v1/exchanges", json=bad, headers=strict_api.headers(Role.INGEST))
+    assert refused.status_code == 429
+    if settings.redis_url is not None:  # another replica on the same Redis draws on the same bucket
+        async with running_api(
+            settings.model_copy(update={"rate_limit_per_second": 0.5, "rate_limit_burst": 3})
+        ) as other:
+            again = await other.client.get("/v1/findings", headers=read)
+            assert again.status_code == 429
+
+
+async def test_unknown_key_ids_and_old_timestamps_are_refused(strict_api: Api, settings: Settings) -> None:
+    exchanges, _ = leak_pair("argparse", "acme", "globex", time.time())
+    resp = await strict_api.client.post(
+        "/v1/exchanges", json={"exchanges": exchanges}, headers=strict_api.headers(Role.INGEST)
+    )
+    assert resp.status_code == 422
+    assert resp.json()["detail"].startswith("exchanges[0].key_id: not one of the fingerprint key ids")
+    assert KEY.hex() not in resp.text
+
+    async with running_api(settings.model_copy(update={"max_age_seconds": 3600})) as api:
+        old, _ = leak_pair("argparse", "acme", "globex", time.time() - 7200)
+        resp = await api.client.post("/v1/exchanges", json={"exchanges": old}, headers=api.headers(Role.INGEST))
+        assert resp.status_code == 422
+        assert resp.json()["detail"] == (
+            "exchanges[0].ts: more than 3600 s in the past (BLEEDWATCH_MAX_AGE_SECONDS); "
+            "check the gateway clock, or drop exchanges that old"
+        )
+        # The default is the findings retention: a finding that old would be pruned at once.
+        assert Settings(findings_retention_days=30).effective_max_age_seconds == 30 * 86400
+
+
+async def test_every_json_endpoint_wants_json_and_bounded_strings(api: Api) -> None:
+    admin = api.headers(Role.ADMIN)
+    for method, path in (
+        ("POST", "/v1/keys"),
+        ("POST", "/v1/tenants/purge"),
+        ("PATCH", "/v1/incidents/1"),
+        ("PUT", "/v1/deployments/pd-1"),
+        ("POST", "/v1/allowlist"),
+        ("POST", "/v1/signals"),
+        ("POST", "/v1/exchanges"),
+    ):
+        for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+            key = api.headers(Role.INGEST) if path == "/v1/exchanges" else admin
+            resp = await api.client.request(
+                method, path, content=b'{"tenant": "acme"}', headers=key | {"Content-Type": content_type}
+            )
+            assert resp.status_code == 415, (method, path, resp.text)
+            assert resp.json() == {
+                "error": "unsupported_media_type",
+                "detail": "send the batch as Content-Type: application/json"
+                if path == "/v1/exchanges"
+                else "send the request body as Content-Type: application/json",
+            }
+    missing = await api.client.post("/v1/tenants/purge", headers=admin)
+    assert missing.status_code == 422
+    for method, path, body in (
+        ("POST", "/v1/keys", {"name": "n" * 129, "role": "read"}),
+        ("POST", "/v1/keys", {"name": "a\nb", "role": "read"}),
+        ("POST", "/v1/keys", {"name": "n", "role": "root"}),
+        ("POST", "/v1/keys", {"name": "n", "role": "ingest", "tenants": ["t" * 129]}),
+        ("POST", "/v1/tenants/purge", {"tenant": "t" * 129}),
+        ("POST", "/v1/tenants/purge", {"tenant": "acme", "also": 1}),
+        ("PATCH", "/v1/incidents/1", {"assignee": "a" * 129}),
+    ):
+        resp = await api.client.request(
+            method, path, content=orjson.dumps(body), headers=admin | {"Content-Type": "application/json"}
+        )
+        assert resp.status_code == 422, (path, body, resp.text)
+        assert "t" * 100 not in resp.text
+        assert "n" * 100 not in resp.text
+    for params in ({"tenant": "t" * 129}, {"limit": "501"}, {"sort": "tenant"}, {"status": "gone"}):
+        resp = await api.client.get("/v1/incidents", params=params, headers=admin)
+        assert resp.status_code == 422, params
+        assert "t" * 100 not in resp.text
+    assert (await api.client.get("/v1/incidents/0", headers=admin)).status_code == 422
+    assert (await api.client.get(f"/v1/incidents/{2**63}", headers=admin)).status_code == 422

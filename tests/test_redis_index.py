@@ -1,0 +1,115 @@
+"""What only the Redis backend has: its key layout, script loading, and a cluster's slots."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import redis.asyncio
+
+from service.app import make_index
+from service.config import Settings
+from service.index.base import Doc, Index, Kind
+from service.index.keys import DOC_REF_LIMIT, Keys
+from service.index.redis_index import RedisIndex
+from tests.conftest import ALL_BACKENDS
+from tests.traffic import fp, words
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.parametrize("settings", [b for b in ALL_BACKENDS if b != "embedded"], indirect=True),
+]
+
+NS = "00112233445566aa"
+NOW = time.time()
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 128:
+        out.append(n % 128 | 0x80)
+        n //= 128
+    return bytes([*out, n])
+
+
+def redis_of(index: Index) -> RedisIndex:
+    assert isinstance(index, RedisIndex)
+    return index
+
+
+async def flush_scripts(index: RedisIndex) -> None:
+    """SCRIPT FLUSH on every node, each over its own connection."""
+    client = index.client
+    if not isinstance(client, redis.asyncio.RedisCluster):
+        await client.script_flush()
+        return
+    await client.initialize()
+    for node in client.get_primaries():
+        async with redis.asyncio.Redis(host=node.host, port=node.port) as one:
+            await one.script_flush()
+
+
+async def test_scripts_are_reloaded_after_a_flush_on_every_node(index: Index) -> None:
+    """A restarted or promoted node has an empty script cache: NOSCRIPT is answered by loading."""
+    r = redis_of(index)
+    source = fp(words("argparse"))
+    await r.insert(NS, [Doc(1, 1, Kind.PROMPT, source.values, source.offsets)], NOW)
+    await flush_scripts(r)
+    leaked = fp(words("argparse", 10, 80))
+    hits = await r.insert(NS, [Doc(2, 2, Kind.RESPONSE, leaked.values, leaked.offsets)], NOW)
+    assert [(h.tenant, h.doc) for h in hits] == [(1, 1)]
+    await flush_scripts(r)
+    assert all(x.entries for x in await r.lookup(NS, leaked.values, NOW))
+    await flush_scripts(r)
+    assert set((await r.tenant_refs(["fresh-tenant"])).values()) <= set(range(1, 100))
+
+
+async def test_buckets_are_compact_listpacks(index: Index, settings: Settings) -> None:
+    """Fields are the fingerprint minus the bytes the key implies; a typical entry is 8 bytes."""
+    r = redis_of(index)
+    values = np.array([0xA7B3000000000001 + (i << 8) for i in range(20)], dtype=np.uint64)
+    offsets = np.arange(20, dtype=np.uint32) * 3 + 500
+    await r.insert(NS, [Doc(123_456_789, 42, Kind.PROMPT, values, offsets)], NOW)
+    gen = int(NOW // -(-settings.retention_seconds // (settings.index_generations - 1)))
+    assert settings.index_bucket_bits == 16  # the bucket is the second byte, raw, as the key's last byte
+    key = f"{Keys(settings.key_prefix).shard(NS, 0xA7)}:{gen}:".encode() + b"\xb3"
+    client = r.client
+    assert await client.object("encoding", key) in (b"listpack", "listpack")
+    stored = await client.hgetall(key)
+    assert len(stored) == 20
+    implied = settings.index_bucket_bits // 8
+    field = int(values[0]).to_bytes(8, "big")[implied:]
+    assert stored[field] == varint(42 * 4 + 1) + (123_456_789).to_bytes(4, "big") + varint(500)
+    assert len(stored[field]) == 8
+    assert 0 < await client.ttl(key) <= r._window.ttl_seconds
+
+
+async def test_doc_refs_wrap_before_two_to_the_32(index: Index, settings: Settings) -> None:
+    r = redis_of(index)
+    await r.client.set(Keys(settings.key_prefix).doc_seq, DOC_REF_LIMIT - 3)
+    first = await r.new_doc_refs(5)
+    assert first == 1
+    assert await r.new_doc_refs(2) == 6
+
+
+@pytest.mark.parametrize("bits", [8, 12, 20, 24])
+async def test_every_bucket_size_keeps_the_contract(settings: Settings, bits: int) -> None:
+    """Other BLEEDWATCH_INDEX_BUCKET_BITS: different keys and fields, the same answers."""
+    index = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
+    try:
+        source = fp(words("argparse"))
+        await index.insert(NS, [Doc(1, 1, Kind.PROMPT, source.values, source.offsets)], NOW)
+        leaked = fp(words("argparse", 10, 80))
+        hits = await index.insert(NS, [Doc(2, 2, Kind.RESPONSE, leaked.values, leaked.offsets)], NOW)
+        assert [(h.tenant, h.doc, h.count) for h in hits] == [
+            (1, 1, len(set(leaked.values.tolist()) & set(source.values.tolist())))
+        ]
+        by_value: dict[int, int] = {}
+        for value, offset in zip(source.values.tolist(), source.offsets.tolist(), strict=True):
+            by_value.setdefault(value, offset)  # the first offset is the one kept
+        for value, x in zip(leaked.values.tolist(), await index.lookup(NS, leaked.values, NOW), strict=True):
+            assert x.entries is not None
+            assert [(e.tenant, e.doc, e.offset) for e in x.entries if e.tenant == 1] == [(1, 1, by_value[value])]
+    finally:
+        await index.close()

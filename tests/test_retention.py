@@ -1,0 +1,147 @@
+"""Retention (the prune job, one replica at a time) and purging one tenant, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+
+from service.audit import tenant_hash
+from service.audit.models import AuditEntry
+from service.auth.keys import Role
+from service.cli import main
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope, utcnow
+from service.findings.models import Finding
+from service.incidents.models import Incident
+from service.retention.jobs import Retention, prune
+from tests.conftest import Api, running_api
+from tests.incident_traffic import get, leak, patch, post
+from tests.traffic import exchange, words
+
+pytestmark = pytest.mark.anyio
+RETENTION = Retention(findings_days=90, incidents_days=365, audit_days=365)
+
+
+async def counts(settings: Settings) -> dict[str, int]:
+    engine = make_engine(settings)
+    try:
+        async with session_scope(make_sessionmaker(engine)) as session:
+            return {
+                name: int(await session.scalar(select(func.count()).select_from(model)) or 0)
+                for name, model in (("findings", Finding), ("incidents", Incident), ("audit", AuditEntry))
+            }
+    finally:
+        await engine.dispose()
+
+
+async def test_prune_by_age_keeps_open_incidents_and_runs_on_one_replica(api: Api, settings: Settings) -> None:
+    now = time.time()
+    await leak(api, "argparse", "acme", "globex", now)
+    await leak(api, "csv", "acme", "globex", now, deployment="pd-us-2")
+    resolved, still_open = (await get(api, "/v1/incidents", sort="opened_at", order="asc"))["items"]
+    await patch(api, f"/v1/incidents/{resolved['id']}", {"status": "resolved"})
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    try:
+        async with session_scope(sessions) as session:
+            nothing = await prune(session, RETENTION)
+        assert nothing is not None
+        assert (nothing.findings, nothing.incidents, nothing.audit_entries) == (0, 0, 0)
+
+        async with session_scope(sessions) as session:
+            later = await prune(session, RETENTION, utcnow() + timedelta(days=91))
+        assert later is not None
+        assert (later.findings, later.incidents) == (2, 0)
+
+        if settings.database_url is not None:  # one replica at a time: the second one skips
+            async with session_scope(sessions) as first, session_scope(sessions) as second:
+                assert await prune(first, RETENTION, utcnow() + timedelta(days=400)) is not None
+                assert await prune(second, RETENTION) is None
+        else:
+            async with session_scope(sessions) as session:
+                await prune(session, RETENTION, utcnow() + timedelta(days=400))
+    finally:
+        await engine.dispose()
+    left = await counts(settings)
+    assert (left["findings"], left["incidents"]) == (0, 1)  # the open incident stays until someone closes it
+    assert left["audit"] == 1  # everything older went; the last prune's own entry stays
+    remaining = await get(api, f"/v1/incidents/{still_open['id']}")
+    assert remaining["status"] == "open"
+
+
+async def test_the_background_job_prunes(settings: Settings) -> None:
+    async with running_api(settings.model_copy(update={"prune_interval_seconds": 0.05})) as api:
+        await leak(api, "argparse", "acme", "globex", time.time())
+        engine = make_engine(settings)
+        async with session_scope(make_sessionmaker(engine)) as session:
+            await session.execute(update(Finding).values(detected_at=utcnow() - timedelta(days=100)))
+        await engine.dispose()
+        for _ in range(100):
+            if (await counts(settings))["findings"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (await counts(settings))["findings"] == 0
+        entries = (await get(api, "/v1/audit", role=Role.ADMIN, action="retention.prune"))["items"]
+        assert entries[0]["key_id"] == "bleedwatch"
+        assert any(e["detail"]["findings"] == 1 for e in entries)
+
+
+async def test_purge_a_tenant_through_the_api(api: Api) -> None:
+    now = time.time()
+    await leak(api, "argparse", "acme", "globex", now)  # acme's content, alone in its incident ...
+    await leak(api, "json", "hooli", "acme", now, deployment="pd-us-2")  # ... acme as recipient
+    # umbrella's answer carries initech's text (top source) and, less of it, acme's
+    src_a = exchange("acme", "s-a2", words("socket"), "ok", now - 2)
+    src_i = exchange("initech", "s-i", words("csv"), "ok", now - 2)
+    answer = words("csv", 60, 140) + " and also " + words("socket", 60, 100)
+    dst = exchange("umbrella", "r-u", words("unittest", 100, 140), answer, now, deployment="pd-eu-9")
+    assert (await post(api, [src_a, src_i, dst]))["findings"] == 1
+    mixed = (await get(api, "/v1/findings", recipient_tenant="umbrella"))["items"][0]
+    assert [s["tenant"] for s in mixed["evidence"]["sources"]] == ["initech", "acme"]
+
+    resp = await api.client.post("/v1/tenants/purge", json={"tenant": "acme"}, headers=api.headers(Role.ADMIN))
+    assert resp.status_code == 200, resp.text
+    result: dict[str, Any] = resp.json()
+    assert (result["findings_deleted"], result["findings_scrubbed"]) == (2, 1)
+    assert (result["incidents_deleted"], result["incidents_updated"]) == (2, 1)
+    assert "expire" in result["index"]
+    assert "audit entries" in result["not_purged"]
+
+    assert (await get(api, "/v1/incidents", tenant="acme"))["items"] == []
+    (left,) = (await get(api, "/v1/incidents"))["items"]
+    assert (left["source_tenants"], left["recipient_tenants"]) == (["initech"], ["umbrella"])
+    (finding,) = (await get(api, "/v1/findings"))["items"]
+    assert "acme" not in str(finding)
+    timeline = (await get(api, f"/v1/incidents/{left['id']}"))["timeline"]
+    assert timeline[-1]["action"] == "tenant_purged"
+    (entry,) = (await get(api, "/v1/audit", role=Role.ADMIN, action="tenants.purge"))["items"]
+    assert entry["target"] == f"tenant:{tenant_hash('acme')}"
+    assert entry["key_id"] == api.tokens[Role.ADMIN].split("_")[1]
+    assert "acme" not in str((await get(api, "/v1/audit", role=Role.ADMIN))["items"])
+
+
+async def test_purge_and_prune_from_the_cli(
+    api: Api, settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await leak(api, "argparse", "acme", "globex", time.time())
+    if settings.database_url is None:
+        monkeypatch.delenv("BLEEDWATCH_DATABASE_URL", raising=False)
+        monkeypatch.setenv("BLEEDWATCH_DATA_DIR", str(settings.data_dir))
+    else:
+        monkeypatch.setenv("BLEEDWATCH_DATABASE_URL", settings.database_url)
+    assert await asyncio.to_thread(main, ["tenants", "purge", "globex"]) == 0
+    out = capsys.readouterr().out
+    assert "1 findings deleted" in out
+    assert "1 incidents deleted" in out
+    assert await asyncio.to_thread(main, ["prune"]) == 0
+    assert "pruned 0 findings (older than 90 days)" in capsys.readouterr().out
+    entries = (await get(api, "/v1/audit", role=Role.ADMIN))["items"]
+    assert [(e["key_id"], e["action"]) for e in entries][:2] == [
+        ("bleedwatch", "retention.prune"),
+        ("cli", "tenants.purge"),
+    ]
