@@ -127,3 +127,19 @@ async def test_a_million_token_prompt_is_sampled_and_still_leaks(api: Api) -> No
     (f,) = await findings(api)
     assert (f["source_tenant"], f["source_request_ids"], f["recipient_tenant"]) == ("a", ["a-long"], "b")
     assert f["longest_run_words"] >= 64  # 150 words, seen through 1-in-4 sampling at the edges
+
+
+async def test_canary_traffic_marks_the_probe_loop_alive(api: Api) -> None:
+    canary = canary_text(100)
+    cfp = fp(canary, UNSAMPLED)
+    text = {
+        "fingerprints": encode(cfp.values, U64_LE),
+        "offsets": encode(cfp.offsets, U32_LE),
+        "token_count": cfp.token_count,
+    }
+    await admin(api, "POST", "/v1/canaries", json={"key_id": NS, "tenant": "canary", "label": "p2", "text": text})
+    before = time.time()
+    await post(api, ex("canary", "c9", canary, words("json", 0, 30), before))
+    body = (await api.client.get("/metrics")).text
+    (line,) = [x for x in body.splitlines() if x.startswith("bleedwatch_canary_last_seen_timestamp_seconds")]
+    assert float(line.split()[-1]) >= before - 1

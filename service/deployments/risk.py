@@ -7,11 +7,6 @@ PUT, ``bleedwatch_deployment_risk_violations{rule}`` says the same thing within 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-
-import sqlalchemy.exc
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,16 +15,14 @@ from service.db import session_scope
 from service.deployments.models import Deployment
 from service.deployments.rules import RuleSet
 from service.deployments.store import config_of
-
-log = logging.getLogger("bleedwatch.deployments")
+from service.periodic import Periodic
 
 
 class RiskMonitor:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], rules: RuleSet, refresh_seconds: float) -> None:
         self.rules = rules
         self._sessions = sessions
-        self._refresh_seconds = refresh_seconds
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("deployment risk gauges", self.refresh, refresh_seconds, first_delay=refresh_seconds)
 
     async def refresh(self) -> dict[str, int]:
         """Set the gauges from the database; returns deployments violating each rule."""
@@ -49,23 +42,11 @@ class RiskMonitor:
         return counts
 
     async def refresh_quietly(self) -> None:
-        try:
-            await self.refresh()
-        except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
-            log.warning("deployment risk gauges not refreshed: %s", type(exc).__name__)
+        await self._loop.run_quietly()
 
     async def start(self) -> None:
         await self.refresh_quietly()
-        self._task = asyncio.create_task(self._periodically())
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_seconds)
-            await self.refresh_quietly()
+        await self._loop.stop()

@@ -7,11 +7,6 @@ the same within one refresh, whichever of them opened the incident.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-
-import sqlalchemy.exc
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -19,15 +14,13 @@ from service import metrics
 from service.db import session_scope
 from service.incidents.grouping import ACTIVE
 from service.incidents.models import Incident
-
-log = logging.getLogger("bleedwatch.incidents")
+from service.periodic import Periodic
 
 
 class IncidentMonitor:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], refresh_seconds: float) -> None:
         self._sessions = sessions
-        self._refresh_seconds = refresh_seconds
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("open incident gauge", self.refresh, refresh_seconds, first_delay=refresh_seconds)
 
     async def refresh(self) -> dict[str, int]:
         async with session_scope(self._sessions) as session:
@@ -40,23 +33,11 @@ class IncidentMonitor:
         return counts
 
     async def refresh_quietly(self) -> None:
-        try:
-            await self.refresh()
-        except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
-            log.warning("open incident gauge not refreshed", extra={"exc_type": type(exc).__name__})
+        await self._loop.run_quietly()
 
     async def start(self) -> None:
         await self.refresh_quietly()
-        self._task = asyncio.create_task(self._periodically())
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_seconds)
-            await self.refresh_quietly()
+        await self._loop.stop()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from service import tracing
+from service import metrics, tracing
 from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
@@ -88,6 +88,9 @@ class Matcher:
         self, ns: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
     ) -> list[FindingDraft]:
         known = await self._known.get(ns)
+        canary_tenants = set(known.canaries.tenants.values())
+        if canary_tenants and any(m.tenant in canary_tenants for m in metas.values()):
+            metrics.CANARY_LAST_SEEN.set(now)  # the prober's own traffic got through the gateway
         wanted = candidates(docs, hits, self._t.min_matched)
         for doc in docs:  # canaries are looked for in every response, whatever the index says
             if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:

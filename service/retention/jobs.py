@@ -15,14 +15,11 @@ What is kept how long (days, ``BLEEDWATCH_*_RETENTION_DAYS``):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy.exc
 from sqlalchemy import delete, func, or_, select, text, type_coerce
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -35,6 +32,7 @@ from service.db import session_scope, utcnow
 from service.findings.models import Finding
 from service.incidents import grouping
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
+from service.periodic import Periodic
 from service.webhooks.models import WebhookDelivery
 
 log = logging.getLogger("bleedwatch.retention")
@@ -221,8 +219,7 @@ class RetentionJob:
     ) -> None:
         self._sessions = sessions
         self._retention = retention
-        self._interval = interval_seconds
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("retention", self.run_once, interval_seconds, first_delay=min(interval_seconds, 60.0))
 
     async def run_once(self) -> Pruned | None:
         async with session_scope(self._sessions) as session:
@@ -232,22 +229,7 @@ class RetentionJob:
         return pruned
 
     async def start(self) -> None:
-        if self._interval > 0:
-            self._task = asyncio.create_task(self._periodically())
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _periodically(self) -> None:
-        delay = min(self._interval, 60.0)
-        while True:
-            await asyncio.sleep(delay)
-            delay = self._interval
-            try:
-                await self.run_once()
-            except (sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
-                log.warning("retention_failed", extra={"exc_type": type(exc).__name__})
+        await self._loop.stop()

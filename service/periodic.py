@@ -1,0 +1,53 @@
+"""One background loop for the app's periodic chores (gauges from the database, pruning).
+
+A failure of a backend (database, Redis, network) is logged and retried at the next tick:
+a chore must never take the service down with it. Anything else is a bug and ends the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import redis.exceptions
+import sqlalchemy.exc
+
+log = logging.getLogger("bleedwatch.periodic")
+
+BACKEND_ERRORS = (sqlalchemy.exc.SQLAlchemyError, redis.exceptions.RedisError, OSError)
+
+
+class Periodic:
+    def __init__(
+        self, name: str, job: Callable[[], Awaitable[object]], interval_seconds: float, *, first_delay: float = 0.0
+    ) -> None:
+        self.name = name
+        self._job = job
+        self._interval = interval_seconds
+        self._first_delay = first_delay
+        self._task: asyncio.Task[None] | None = None
+
+    async def run_quietly(self) -> None:
+        try:
+            await self._job()
+        except BACKEND_ERRORS as exc:
+            log.warning("%s failed, retried at the next tick", self.name, extra={"exc_type": type(exc).__name__})
+
+    def start(self) -> None:
+        if self._interval > 0:
+            self._task = asyncio.create_task(self._loop(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        await asyncio.sleep(self._first_delay)
+        while True:
+            await self.run_quietly()
+            await asyncio.sleep(self._interval)
