@@ -143,3 +143,26 @@ async def test_canary_traffic_marks_the_probe_loop_alive(api: Api) -> None:
     body = (await api.client.get("/metrics")).text
     (line,) = [x for x in body.splitlines() if x.startswith("bleedwatch_canary_last_seen_timestamp_seconds")]
     assert float(line.split()[-1]) >= before - 1
+
+
+async def test_list_changes_are_audited(api: Api) -> None:
+    entry = await admin(
+        api,
+        "POST",
+        "/v1/allowlist",
+        json={"key_id": NS, "label": "x", "fingerprints": encode(fp(LICENSE).values, U64_LE)},
+    )
+    await admin(api, "DELETE", f"/v1/allowlist/{entry['id']}")
+    cfp = fp(canary_text(50), UNSAMPLED)
+    text = {
+        "fingerprints": encode(cfp.values, U64_LE),
+        "offsets": encode(cfp.offsets, U32_LE),
+        "token_count": cfp.token_count,
+    }
+    canary = await admin(
+        api, "POST", "/v1/canaries", json={"key_id": NS, "tenant": "canary", "label": "a", "text": text}
+    )
+    await admin(api, "DELETE", f"/v1/canaries/{canary['id']}")
+    actions = [e["action"] for e in (await admin(api, "GET", "/v1/audit", params={"limit": 50}))["items"]]
+    for action in ("allowlist.add", "allowlist.revoke", "canaries.register", "canaries.revoke"):
+        assert action in actions

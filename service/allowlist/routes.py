@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from service import audit
 from service.allowlist import store
 from service.allowlist.schemas import AllowlistIn, AllowlistOut, AllowlistPage
 from service.auth.deps import require
@@ -32,6 +33,9 @@ async def add_entry(deps: Deps, caller: Admin, body: AllowlistIn) -> AllowlistOu
         raise PayloadTooLarge(f"fingerprints: more than {MAX_FINGERPRINTS} in one entry; split the file")
     async with session_scope(deps.sessions) as session:
         entry = await store.add(session, body.key_id, body.label, "import", values, caller.key_id)
+        await audit.record(
+            session, caller, "allowlist.add", f"allowlist:{entry.id}", {"fingerprints": entry.fingerprint_count}
+        )
     deps.known.invalidate(body.key_id)
     return AllowlistOut.model_validate(entry)
 
@@ -51,6 +55,7 @@ async def revoke_entry(deps: Deps, caller: Admin, entry_id: Annotated[int, Path(
         entry = await store.revoke(session, entry_id, caller.key_id)
         if entry is None:
             raise NotFound(f"no allowlist entry {entry_id}")
+        await audit.record(session, caller, "allowlist.revoke", f"allowlist:{entry_id}")
         out = AllowlistOut.model_validate(entry)
     deps.known.invalidate(out.key_id)
     return out

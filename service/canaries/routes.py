@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from service import metrics
+from service import audit, metrics
 from service.auth.deps import require
 from service.auth.keys import Caller, Role
 from service.canaries import store
@@ -32,6 +32,9 @@ async def register(deps: Deps, caller: Admin, body: CanaryIn) -> CanaryOut:
     text = decode_text(body.text, "text", deps.ingestor.limits)
     async with session_scope(deps.sessions) as session:
         canary = await store.add(session, body.key_id, body.tenant, body.label, text, caller.key_id)
+        await audit.record(
+            session, caller, "canaries.register", f"canary:{canary.id}", {"tenant": audit.tenant_hash(body.tenant)}
+        )
     deps.known.invalidate(body.key_id)
     metrics.CANARY_PROBES.inc()
     return CanaryOut.model_validate(canary)
@@ -46,11 +49,12 @@ async def list_canaries(
 
 
 @router.delete("/{canary_id}", response_model=CanaryOut, responses=responses(Unauthorized, Forbidden, NotFound))
-async def revoke(deps: Deps, _: Admin, canary_id: Annotated[int, Path(ge=1, lt=2**63)]) -> CanaryOut:
+async def revoke(deps: Deps, caller: Admin, canary_id: Annotated[int, Path(ge=1, lt=2**63)]) -> CanaryOut:
     async with session_scope(deps.sessions) as session:
         canary = await store.revoke(session, canary_id)
         if canary is None:
             raise NotFound(f"no canary {canary_id}")
+        await audit.record(session, caller, "canaries.revoke", f"canary:{canary_id}")
         out = CanaryOut.model_validate(canary)
     deps.known.invalidate(out.key_id)
     return out

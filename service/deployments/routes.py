@@ -4,6 +4,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
+from service import audit
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller, Role
 from service.db import session_scope
@@ -50,6 +51,7 @@ async def put_deployment(
     """
     async with session_scope(deps.sessions) as session:
         row, created = await store.put(session, deployment_id, config, caller.key_id)
+        await audit.record(session, caller, "deployments.put", f"deployment:{deployment_id}", {"created": created})
     response.status_code = 201 if created else 200
     await deps.risk.refresh_quietly()
     return _out(row, deps.risk.rules)
