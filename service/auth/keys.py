@@ -7,6 +7,7 @@ per batch; that is also the longest a revoked key keeps working on a replica.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -14,6 +15,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+import sqlalchemy.exc
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -70,6 +72,9 @@ async def revoke_key(session: AsyncSession, key_id: str) -> bool:
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+DB_DOWN = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
+
+
 class KeyVerifier:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], cache_seconds: float) -> None:
         self._sessions = sessions
@@ -85,14 +90,21 @@ class KeyVerifier:
         now = time.monotonic()
         cached = self._cache.get(key_id)
         if cached is None or cached[0] < now:
-            cached = (now + self._cache_seconds, *await self._load(key_id))
+            try:
+                cached = (now + self._cache_seconds, *await self._load(key_id))
+            except DB_DOWN:
+                if cached is None:
+                    raise
+                # Stale if error: a database outage must not stop gateways whose keys we know.
+                cached = (now + self._cache_seconds, cached[1], cached[2])
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[key_id] = cached
         _, secret_hash, caller = cached
         if caller is None or not hmac.compare_digest(secret_hash, _hash(secret)):
             return None
-        await self._touch(key_id, now)  # only a correct secret counts as a use
+        with contextlib.suppress(*DB_DOWN):
+            await self._touch(key_id, now)  # only a correct secret counts as a use
         return caller
 
     def forget(self, key_id: str) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.allowlist.models import AllowlistEntry, AllowlistFingerprint
+from service.auth.keys import DB_DOWN
 from service.canaries.models import Canary, CanaryFingerprint
 from service.db import session_scope
 from service.fingerprint.encoding import from_signed
@@ -67,8 +68,13 @@ class KnownFingerprints:
         cached = self._cache.get(ns)
         if cached is not None and cached[0] > now:
             return cached[1]
-        async with session_scope(self._sessions) as session:
-            known = Known(await _allowlist(session, ns), await _canaries(session, ns))
+        try:
+            async with session_scope(self._sessions) as session:
+                known = Known(await _allowlist(session, ns), await _canaries(session, ns))
+        except DB_DOWN:
+            if cached is None:
+                raise
+            known = cached[1]  # stale if error: keep matching with the last lists we read
         self._cache[ns] = (now + self._ttl, known)
         return known
 
