@@ -42,7 +42,7 @@ class Params:
     """
 
     n: int = 4
-    w: int = 6
+    w: int = 5
     sample_after: int = 65_536
     sample_mod: int = 4
 
