@@ -3,10 +3,11 @@
     .venv/bin/python bench/ingest.py                         # as fast as it goes (closed loop)
     .venv/bin/python bench/ingest.py --rate 50000 --batch 20 # latency at a fixed offered load
 
-Starts ``bleedwatch serve`` on loopback (its own Redis key prefix and PostgreSQL schema, removed
-afterwards), fingerprints realistic chat traffic with the SDK *before* timing (bench/load.py:
-shared system prompts, multi-turn resends, a share of long-context prompts, a few real leaks),
-then posts batches from this process over keep-alive HTTP/1.1 connections.
+Starts ``bleedwatch serve`` on loopback (a redis-server of its own, unless ``--shared-redis``, and
+its own PostgreSQL schema, removed afterwards), fingerprints realistic chat traffic with the SDK
+*before* timing (bench/load.py: shared system prompts, multi-turn resends, a share of
+long-context prompts, a few real leaks), then posts batches from this process over keep-alive
+HTTP/1.1 connections.
 
 Closed loop: ``--concurrency`` batches in flight, each sent when one returns; the figure is the
 sustained rate. Open loop (``--rate`` fingerprints/s): batches are sent on a fixed schedule
@@ -37,12 +38,12 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import Mix, Poster, batches, chat_texts, cpu_seconds, fingerprint_all, percentile, process_tree
-from bench.service import REDIS_URL, running_service
+from bench.service import running_service
 
 
-def redis_ceiling() -> float:
+def redis_ceiling(url: str) -> float:
     out = subprocess.run(
-        ["redis-benchmark", "-u", REDIS_URL, "-P", "64", "-n", "1000000", "-t", "set", "-q"],
+        ["redis-benchmark", "-u", url, "-P", "64", "-n", "1000000", "-t", "set", "-q"],
         capture_output=True,
         text=True,
         check=True,
@@ -59,6 +60,9 @@ def command_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
 def redis_cpu(client: redis.Redis) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+SLOW: list[tuple[float, float, int]] = []  # open loop: (latency, scheduled at, fingerprints) of each batch
 
 
 async def closed_loop(poster: Poster, requests: list[tuple[bytes, int, int]], concurrency: int) -> list[float]:
@@ -85,9 +89,10 @@ async def open_loop(poster: Poster, requests: list[tuple[bytes, int, int]], rate
     t0 = time.perf_counter()
     sent_fps = 0
 
-    async def one(body: bytes, scheduled: float) -> None:
+    async def one(body: bytes, scheduled: float, fps: int) -> None:
         status, answer = await poster.post(body)
         latencies.append(time.perf_counter() - scheduled)
+        SLOW.append((time.perf_counter() - scheduled, scheduled - t0, fps))
         if status != 202:
             raise RuntimeError(f"{status}: {answer[:300]!r}")
 
@@ -96,22 +101,23 @@ async def open_loop(poster: Poster, requests: list[tuple[bytes, int, int]], rate
         delay = scheduled - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(body, scheduled)))
+        tasks.append(asyncio.create_task(one(body, scheduled, fps)))
         sent_fps += fps
     await asyncio.gather(*tasks)
     return latencies
 
 
-def count_findings(url: str, token: str) -> int:
-    n, cursor = 0, None
+def all_findings(url: str, token: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         while True:
             params: dict[str, Any] = {"limit": 500} | ({"cursor": cursor} if cursor else {})
             page = client.get("/v1/findings", params=params).json()
-            n += len(page["items"])
+            items.extend(page["items"])
             cursor = page["next_cursor"]
             if cursor is None:
-                return n
+                return items
 
 
 def main() -> None:
@@ -126,6 +132,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers of the service")
     p.add_argument("--warmup", type=float, default=0.05, help="share of batches sent before timing")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--shared-redis", action="store_true", help="use BLEEDWATCH_TEST_REDIS_URL, not a redis-server of its own"
+    )
     args = p.parse_args()
 
     mix = Mix(tenants=args.tenants, long_share=args.long_share)
@@ -145,9 +154,8 @@ def main() -> None:
     warmup, timed = requests[:warm], requests[warm:]
     timed_ex = sum(n for _, n, _ in timed)
     timed_fps = sum(f for _, _, f in timed)
-    rclient = redis.Redis.from_url(REDIS_URL)
-
-    with running_service(workers=args.workers) as service:
+    with running_service(workers=args.workers, own_redis=not args.shared_redis) as service:
+        rclient = redis.Redis.from_url(service.redis_url)
         port = int(service.url.rsplit(":", 1)[1])
         token = service.key("ingest")
         reader = service.key("read")
@@ -182,8 +190,8 @@ def main() -> None:
                 )
 
         latencies, elapsed, cpu_service, cpu_redis, cpu_self = uvloop.run(run())
-        findings = count_findings(service.url, reader)
-    ceiling = redis_ceiling()
+        found = all_findings(service.url, reader)
+        ceiling = redis_ceiling(service.redis_url)
     latencies.sort()
     fps_rate = timed_fps / elapsed
     mode = (
@@ -200,7 +208,28 @@ def main() -> None:
         f"  batch latency p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
         f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms"
     )
-    print(f"  findings: {findings} (leaks sent: {sum(t.leak_from is not None for t in texts)})")
+    if SLOW:
+        print(
+            f"  latency p90 {percentile(latencies, 0.9) * 1000:.1f} ms, "
+            f"p99.9 {percentile(latencies, 0.999) * 1000:.1f} ms, "
+            f"max {latencies[-1] * 1000:.1f} ms; slowest: "
+            + ", ".join(f"{lat * 1000:.0f} ms at {at:.1f} s ({fps:,} fps)" for lat, at, fps in sorted(SLOW)[-5:])
+        )
+        over: dict[int, int] = {}
+        for lat, at, _ in SLOW:
+            if lat > 0.05:
+                over[int(at)] = over.get(int(at), 0) + 1
+        print("  batches over 50 ms by second of the run: " + ", ".join(f"{k} s: {v}" for k, v in sorted(over.items())))
+    leaks = {t.request_id: t.leak_from for t in texts if t.leak_from is not None}
+    caught = [f for f in found if leaks.get(f["recipient_request_id"]) in f["source_request_ids"]]
+    others = [f for f in found if f not in caught]
+    findings = len(found)
+    print(f"  findings: {len(caught)} of {len(leaks)} leaks found, {len(others)} other findings")
+    for f in others[:5]:
+        print(
+            f"    other: {f['recipient_request_id']} <- {f['source_request_ids']}, {f['matched_fingerprints']} "
+            f"fingerprints, run {f['longest_run_words']} tokens, score {f['score']}"
+        )
     print(
         f"  CPU: service {cpu_service / elapsed:.2f} cores, Redis {cpu_redis / elapsed:.2f}, "
         f"load generator {cpu_self / elapsed:.2f} (of 2)"

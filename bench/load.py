@@ -4,9 +4,9 @@ Traffic (``chat_traffic``): tenants with system prompts shared among several of 
 must become common), multi-turn chats resending the tenant's previous turn, answers quoting
 their own question, a small share of long-context prompts, and a few real leaks (another
 tenant's recent prompt in an answer) so matching and findings run as they would in production.
-Words are drawn from the stdlib docstring corpus by their frequency there, so text reads like
-prose to the tokenizer but n-grams are as unique as users' own text is; the shared parts are
-verbatim corpus passages.
+Words (alphabetic ones, one token each) are drawn from the stdlib docstring corpus by their
+frequency there, so text reads like prose to the tokenizer but n-grams are as unique as users'
+own text is; the shared parts are verbatim corpus passages.
 
 The client (``Poster``) speaks HTTP/1.1 over keep-alive connections with the request bytes
 built before timing: the load generator shares the machine's cores with the service and
@@ -60,7 +60,8 @@ def _corpus() -> _Words:
     counts: dict[str, int] = {}
     for words in passages:
         for w in words:
-            counts[w] = counts.get(w, 0) + 1
+            if w.isalpha():  # one token each: "b'\\xea'" would be a fixed run of tokens, a fake shared phrase
+                counts[w] = counts.get(w, 0) + 1
     vocab = sorted(counts)
     weights = np.array([counts[w] for w in vocab], dtype=np.float64)
     return _Words(vocab, weights / weights.sum(), passages)

@@ -1,7 +1,10 @@
 """A real bleedwatch for benchmarks: ``bleedwatch serve`` on loopback, on Redis and PostgreSQL.
 
 Each run gets its own Redis key prefix and PostgreSQL schema, removed afterwards, so it never
-touches other data on the same servers.
+touches other data on the same servers. With ``own_redis=True`` it also gets a redis-server of
+its own (a free loopback port, a temporary directory, the hash encoding limits the index is
+sized for stated on its command line): timings then do not depend on what other users of a
+shared Redis are doing, and ``INFO`` figures are the service's alone.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +36,7 @@ class Running:
     url: str
     env: dict[str, str]
     pid: int
+    redis_url: str = REDIS_URL
 
     def key(self, role: str) -> str:
         out = subprocess.run(
@@ -45,7 +50,25 @@ class Running:
 
 
 @contextmanager
-def running_service(workers: int = 1, **settings: str) -> Iterator[Running]:
+def own_redis_server() -> Iterator[str]:
+    from tests.redis_servers import RedisServer  # the tests' helper: never the shared server
+
+    with tempfile.TemporaryDirectory(prefix="bleedwatch-bench-redis-") as tmp:
+        server = RedisServer(Path(tmp), args=("--hash-max-listpack-entries", "128", "--hash-max-listpack-value", "64"))
+        server.start()
+        try:
+            yield server.url
+        finally:
+            server.kill()
+
+
+@contextmanager
+def running_service(workers: int = 1, *, own_redis: bool = False, **settings: str) -> Iterator[Running]:
+    if own_redis:
+        with own_redis_server() as url, running_service(workers, redis_url=url, **settings) as running:
+            yield running
+        return
+    redis_url = settings.get("redis_url", REDIS_URL)
     run = uuid.uuid4().hex[:8]
     schema = f"bw_bench_{run}"
     prefix = f"bwbench{run}"
@@ -54,7 +77,7 @@ def running_service(workers: int = 1, **settings: str) -> Iterator[Running]:
     env = (
         os.environ
         | {
-            "BLEEDWATCH_REDIS_URL": REDIS_URL,
+            "BLEEDWATCH_REDIS_URL": redis_url,
             "BLEEDWATCH_DATABASE_URL": f"{DATABASE_URL}?options=-csearch_path%3D{schema}",
             "BLEEDWATCH_KEY_PREFIX": prefix,
             "BLEEDWATCH_WORKERS": str(workers),
@@ -76,12 +99,12 @@ def running_service(workers: int = 1, **settings: str) -> Iterator[Running]:
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        yield Running(url, env, server.pid)
+        yield Running(url, env, server.pid, redis_url)
     finally:
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
-        client = redis.Redis.from_url(REDIS_URL)
+        client = redis.Redis.from_url(redis_url)
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         for i in range(0, len(keys), 1000):
             client.unlink(*keys[i : i + 1000])

@@ -38,6 +38,7 @@ from service.index.memory import MemoryIndex
 from service.index.redis_index import RedisIndex
 from service.index.window import Window
 from service.ingest.decode import Limits
+from service.ingest.outbox import FindingsWriter
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
 from service.json_only import JsonOnly
@@ -128,12 +129,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.prune_interval_seconds,
         )
         limiter = make_limiter(settings)
+        # Findings held while the database was down, written by every replica when it is back.
+        writer = FindingsWriter(sessions, index.outbox())
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,
             sessions=sessions,
             index=index,
-            ingestor=Ingestor(index, Matcher(index, known, thresholds(settings)), sessions, limits),
+            ingestor=Ingestor(index, Matcher(index, known, thresholds(settings)), sessions, limits, writer),
             known=known,
             keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
             risk=risk,
@@ -141,6 +144,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             incidents=incidents,
         )
         await risk.start()  # the risk gauges, from the database, before the first scrape
+        writer.start()
         await incidents.start()
         await retention.start()
         if webhooks is not None:
@@ -148,6 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await writer.stop()
             if webhooks is not None:
                 await webhooks.stop()
             await retention.stop()

@@ -104,6 +104,10 @@ EXCHANGE_PROMPT_TOKENS = Histogram(
 )
 # Exchanges gateways report they dropped before delivery (spool full, gave up); fed by the SDK (issue 7).
 SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gateways report as dropped.")
+# Findings the database could not take (unreachable), held in the index's outbox to be written later.
+FINDINGS_HELD = Counter("bleedwatch_findings_held_total", "Findings held for the database in the outbox.")
+# Findings waiting in the outbox right now (every replica reports the shared outbox's length).
+FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
 
 # --- findings ---------------------------------------------------------------------------------
 # Findings created, by severity (a finding extended with more evidence is not counted again).
@@ -190,6 +194,7 @@ for _kind in TEXT_KINDS:
 for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
+FINDINGS_OUTBOX.set(0)
 for _severity in SEVERITIES:
     FINDINGS.labels(_severity)
     OPEN_INCIDENTS.labels(_severity).set(0)

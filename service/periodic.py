@@ -48,6 +48,11 @@ class Periodic:
 
     async def _loop(self) -> None:
         await asyncio.sleep(self._first_delay)
+        task = asyncio.current_task()
         while True:
             await self.run_quietly()
+            if task is not None and task.cancelling():
+                # Cancelled during the job, and the job's client (redis-py does this) swallowed or
+                # replaced the CancelledError: stop anyway, or stop() would wait forever.
+                raise asyncio.CancelledError
             await asyncio.sleep(self._interval)

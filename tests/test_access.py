@@ -37,6 +37,7 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/deployments"): READERS,
     ("GET", "/v1/deployments/{deployment_id}"): READERS,
     ("POST", "/v1/signals"): INGEST,
+    ("POST", "/v1/sdk/drops"): INGEST,
     ("GET", "/v1/signals"): READERS,
     ("GET", "/v1/incidents"): READERS,
     ("GET", "/v1/incidents/{incident_id}"): READERS,

@@ -113,3 +113,17 @@ async def test_every_bucket_size_keeps_the_contract(settings: Settings, bits: in
             assert [(e.tenant, e.doc, e.offset) for e in x.entries if e.tenant == 1] == [(1, 1, by_value[value])]
     finally:
         await index.close()
+
+
+async def test_thousands_of_records_in_one_shard_are_read_in_chunks(index: Index) -> None:
+    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit)."""
+    r = redis_of(index)
+    rng = np.random.default_rng(5)
+    values = np.unique((rng.integers(0, 2**56, 2500, dtype=np.uint64)) | np.uint64(0x5A << 56))  # all in shard 5a
+    offsets = np.arange(len(values), dtype=np.uint32) * 3
+    await r.insert(NS, [Doc(1, 1, Kind.PROMPT, values, offsets)], NOW)
+    hits = await r.insert(NS, [Doc(2, 2, Kind.RESPONSE, values, offsets)], NOW)
+    assert [(h.tenant, h.doc, h.count) for h in hits] == [(1, 1, len(values))]
+    found = await r.lookup(NS, values, NOW)
+    assert all(x.entries is not None and [e.tenant for e in x.entries] == [1, 2] for x in found)
+    assert [x.entries[0].offset for x in found if x.entries] == offsets.tolist()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,13 @@ def scripted(request: pytest.FixtureRequest) -> Iterator[tuple[str, Script]]:
         yield url, script
 
 
+async def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
 def batch(n: int) -> list[dict[str, Any]]:
     return [exchange("acme", f"r-{i}", words("json", 0, 40), words("csv", 0, 40), time.time()) for i in range(n)]
 
@@ -88,7 +96,8 @@ async def test_exchanges_are_batched_and_flushed_on_close(scripted: tuple[str, S
     url, script = scripted
     async with BleedwatchClient(url, "bw_k_s", batch_size=2, flush_seconds=60) as client:
         for ex in batch(5):
-            await client.submit(ex)
+            await client.submit(ex)  # returns at once: the background sender posts full batches
+        await wait_for(lambda: len(script.seen) == 2)
         assert [n for _, n in script.seen] == [2, 2]
     assert [n for _, n in script.seen] == [2, 2, 1]
     assert client.accepted == 5

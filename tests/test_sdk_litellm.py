@@ -21,7 +21,7 @@ import pytest
 
 from service.auth.keys import Role
 from service.config import Settings
-from service.sdk.client import BleedwatchClient
+from service.sdk.client import BleedwatchClient, Undelivered
 from service.sdk.litellm import BleedwatchLogger, bleedwatch_callback, exchange_from_callback
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY, words
@@ -147,8 +147,11 @@ async def test_bleedwatch_failing_never_fails_the_proxys_call(monkeypatch: pytes
     client = BleedwatchClient("http://bw", "bw_x_y", batch_size=1, max_attempts=1, transport=httpx.MockTransport(down))
     logger = BleedwatchLogger(client=client, fingerprint_key=KEY)
     await logger.async_log_success_event(callback_kwargs("t", "p"), response_obj("r", "a", 1), START, START)
-    assert (logger.submitted, logger.errors) == (0, 1)
+    # Handed to the SDK, which neither waits for the service nor raises into the proxy's call.
+    assert (logger.submitted, logger.errors) == (1, 0)
     await logger.async_log_failure_event({}, None, START, START)
+    with pytest.raises(Undelivered):
+        await client.aclose()  # no spool: the last flush says what it could not deliver
 
     for var in ("BLEEDWATCH_URL", "BLEEDWATCH_API_KEY", "BLEEDWATCH_FINGERPRINT_KEY"):
         monkeypatch.delenv(var, raising=False)

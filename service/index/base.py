@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -43,8 +43,9 @@ class Doc:
     offsets: npt.NDArray[np.uint32]
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """A tuple, not a dataclass: lookups build one per matched fingerprint and tenant."""
+
     tenant: int
     doc: int
     offset: int
@@ -68,8 +69,7 @@ class Hit:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
+class Lookup(NamedTuple):
     """What the index holds for one fingerprint: ``None`` entries means common."""
 
     entries: tuple[Entry, ...] | None
@@ -92,8 +92,32 @@ class DocMeta:
     offsets: npt.NDArray[np.uint32] | None = None
 
 
+class Outbox(Protocol):
+    """Findings held while the database is unreachable, until a replica writes them.
+
+    Durable where the index is (a Redis Stream; in process for the embedded default). An item is
+    ``claim``-ed by one replica at a time and ``release``-d once written; an item claimed by a
+    replica that died is claimed again by another after ``min_idle_seconds``. Writing an item
+    twice is harmless: findings are upserts. service/ingest/outbox.py drives it.
+    """
+
+    async def hold(self, items: list[bytes]) -> None: ...
+
+    async def claim(self, consumer: str, count: int, min_idle_seconds: float) -> list[tuple[str, bytes]]:
+        """Up to ``count`` items: this consumer's own unreleased ones first, then abandoned, then new."""
+        ...
+
+    async def release(self, ids: list[str]) -> None: ...
+
+    async def size(self) -> int: ...
+
+
 class Index(Protocol):
     """Every method is one bounded batch of work, never a round trip per fingerprint."""
+
+    def outbox(self) -> Outbox:
+        """Where findings wait while the database is down (same backend as the index)."""
+        ...
 
     async def ping(self) -> None: ...
 

@@ -31,12 +31,13 @@ named by its raw bytes (one at b = 16), not by a decimal number.
 
 Presence filters (``f``). A listpack is searched front to back, and most fingerprints are new:
 reading every live generation's bucket for each one is most of Redis' work. So each shard and
-generation has a bitmap: first one "this bucket has its TTL" bit per bucket, then
-``FILTER_BITS_PER_BUCKET`` bits per bucket, one of which (the fingerprint's 9 low bits) is set
-whenever a field is written. A clear bit proves the field is absent and its read is skipped; a
-set bit is read as before, so answers are exactly those without the filter. The bitmap costs
-``FILTER_BITS_PER_BUCKET / 8`` = 64 bytes per bucket (under one byte per fingerprint at ~80
-fields a bucket) and expires with the buckets, at the same second (``Window.expires_at``).
+generation has a bitmap of ``FILTER_BITS_PER_BUCKET`` bits per bucket, one of which, picked by
+the fingerprint (its value modulo that number), is set whenever a field is written. A clear bit
+proves the field is absent and its read is skipped; a set bit is read as before, so answers are
+exactly those without the filter. The bitmap costs
+``FILTER_BITS_PER_BUCKET / 8`` = 63 bytes per bucket (under one byte per fingerprint at ~80
+fields a bucket), is allocated once at its exact size, and expires with the buckets, at the
+same second (``Window.expires_at``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from dataclasses import dataclass
 SHARD_BITS = 8  # fixed: changing it re-homes every index key
 SHARDS = 1 << SHARD_BITS
 INDEX_KEY_VERSION = "ix2"
-FILTER_BITS_PER_BUCKET = 512  # a power of two: the fingerprint's low bits pick one
+# 63 bytes, not 64: a bitmap of buckets x 63 bytes plus Redis' string header fits the allocator's
+# power-of-two size class exactly (buckets x 64 would spill into the next one, 25% larger).
+FILTER_BITS_PER_BUCKET = 63 * 8
 # Doc refs are stored as u32: the counter wraps back to 1 before this. A ref is only reused after
 # 2^32 - 1 newer documents, which no retention window holds (at ~20 bytes per fingerprint that
 # window would take terabytes of Redis).

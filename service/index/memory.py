@@ -9,8 +9,9 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup
+from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox
 from service.index.keys import DOC_REF_LIMIT
+from service.index.outbox import MemoryOutbox
 from service.index.window import Window
 
 # A generation's fingerprint table: value -> entries by tenant, or None once common.
@@ -27,6 +28,12 @@ class MemoryIndex:
         self._done: dict[str, int] = {}
         self._tenants: dict[str, int] = {}
         self._doc_seq = itertools.count(1)
+        self._outbox: Outbox | None = None
+
+    def outbox(self) -> Outbox:
+        if self._outbox is None:
+            self._outbox = MemoryOutbox()
+        return self._outbox
 
     async def ping(self) -> None:
         return None

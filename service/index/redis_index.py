@@ -1,9 +1,15 @@
 """The Redis backend of the index contract (service/index/base.py).
 
 Round trips per call are bounded, never a function of the number of fingerprints: ``insert``
-and ``lookup`` send one Lua call per shard in a single pipeline, every other method one
-pipeline or one command. Works against a single Redis or a Redis Cluster, where the pipeline
-fans out to the nodes in parallel (one round trip per node, concurrently).
+and ``lookup`` send their Lua calls in a single pipeline (on a single Redis, one call carries
+consecutive shards, up to ``RECORDS_PER_CALL`` records; on a Redis Cluster, one call per shard,
+since a script may only touch one slot), every other method one pipeline or one command. On a
+cluster the pipeline fans out to the nodes in parallel (one round trip per node, concurrently).
+
+What the scripts get is prepared here with numpy, so they never turn numbers into strings (the
+most expensive thing Lua does inside Redis): each record's bucket and field bytes, its own entry
+already encoded, and its presence-filter bit as decimal text. Lookups come back as one packed
+string per call rather than lists of integers, which redis-py would parse one by one.
 
 Scripts are sent as EVALSHA inside the pipeline. A node that does not know a script (a fresh
 node, a restarted one, a replica promoted by failover: script caches are not replicated)
@@ -18,7 +24,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,9 +34,16 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from service import metrics
 from service.fingerprint.scheme import Params
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup
+from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
+from service.index.outbox import RedisOutbox
 from service.index.window import Window
+
+# A single Redis runs consecutive shards in one Lua call, up to this many records: few round
+# trips for small batches, and no call holds the server for more than a few milliseconds.
+RECORDS_PER_CALL = 2048
+_LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
+KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
 
 _TENANT_REFS = """
 local out = {}
@@ -83,6 +96,46 @@ def _be(values: npt.NDArray[Any], dtype: str) -> npt.NDArray[np.uint8]:
     return arr.view(np.uint8).reshape(len(arr), arr.dtype.itemsize)
 
 
+def _decimals(x: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """Each value (below 10^10) in decimal followed by a space, as rows with the mask of the bytes used."""
+    digits = 10
+    rows = np.empty((len(x), digits + 1), dtype=np.uint8)
+    rest = x.astype(np.uint64)
+    for k in range(digits - 1, -1, -1):
+        rows[:, k] = (rest % np.uint64(10)).astype(np.uint8) + ord("0")
+        rest //= np.uint64(10)
+    rows[:, digits] = ord(" ")
+    width = np.ones(len(x), dtype=np.int64)
+    for k in range(1, digits):
+        width += x >= np.uint64(10**k)
+    used = np.arange(digits + 1)[None, :] >= (digits - width)[:, None]
+    return rows, used
+
+
+def _varints(x: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """Each value as a varint (keys.py), in a row of 5 bytes, with the mask of the bytes it uses."""
+    shifts = np.arange(5, dtype=np.uint64) * np.uint64(7)
+    groups = (x[:, None] >> shifts) & np.uint64(0x7F)
+    more = (x[:, None] >> (shifts + np.uint64(7))) > 0
+    used = np.concatenate([np.ones((len(x), 1), dtype=bool), more[:, :-1]], axis=1)
+    return (groups | (more.astype(np.uint64) << np.uint64(7))).astype(np.uint8), used
+
+
+def encode_entries(
+    tenants: npt.NDArray[np.uint64],
+    docs: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint64],
+    kinds: npt.NDArray[np.uint64],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """Entries as stored, ``varint(tenant * 4 + kinds) . doc u32 . varint(offset)``, as rows of up to
+    14 bytes with the mask of the bytes each uses (row-major selection gives the bytes in order)."""
+    head, head_used = _varints(tenants * np.uint64(4) + kinds)
+    tail, tail_used = _varints(offsets)
+    rows = np.hstack([head, _be(docs, ">u4"), tail])
+    used = np.hstack([head_used, np.ones((len(docs), 4), dtype=bool), tail_used])
+    return rows, used
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Where a fingerprint lives (keys.py): its bucket bytes (the key's suffix) and its field bytes.
@@ -113,15 +166,17 @@ class Layout:
         raw = _be(self.buckets(values), ">u8")[:, 8 - self.bucket_bytes :]
         return raw, _be(values, ">u8")[:, 8 - self.field_bytes :]
 
-    def filter_bits(self, values: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        """Each fingerprint's bit in its shard's presence filter, and its bucket's TTL bit (keys.py)."""
-        buckets = self.buckets(values)
-        low = values & np.uint64(FILTER_BITS_PER_BUCKET - 1)
-        presence = np.uint64(1 << self.in_shard) + buckets * np.uint64(FILTER_BITS_PER_BUCKET) + low
-        return presence, buckets
+    def filter_bits(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """Each fingerprint's bit in its shard's presence filter (keys.py)."""
+        per_bucket = np.uint64(FILTER_BITS_PER_BUCKET)
+        return self.buckets(values) * per_bucket + values % per_bucket
+
+    @property
+    def filter_bytes(self) -> int:
+        return (1 << self.in_shard) * FILTER_BITS_PER_BUCKET // 8
 
     def insert_format(self) -> str:
-        return f">I4I4I4Bc{self.bucket_bytes}c{self.field_bytes}I4"
+        return f">I4I4I4Bc{self.bucket_bytes}c{self.field_bytes}I4Bc0"
 
     def lookup_format(self) -> str:
         return f">I4c{self.bucket_bytes}c{self.field_bytes}"
@@ -190,10 +245,16 @@ class RedisIndex:
         self._tenant_script = LuaScript.of(_TENANT_REFS)
         self._doc_refs_script = LuaScript.of(_DOC_REFS)
         self._tenant_cache: dict[str, int] = {}
+        self._outbox: Outbox | None = None
 
     @property
     def client(self) -> RedisClient:
         return self._r
+
+    def outbox(self) -> Outbox:
+        if self._outbox is None:
+            self._outbox = RedisOutbox(self._r, self._keys)
+        return self._outbox
 
     @property
     def keys(self) -> Keys:
@@ -256,19 +317,26 @@ class RedisIndex:
             raise ValueError("doc and tenant refs are stored as u32: use new_doc_refs and tenant_refs")
         sizes = [len(d.values) for d in docs]
         values = np.concatenate([d.values for d in docs]).astype(np.uint64)
+        tenants = np.repeat(np.array([d.tenant for d in docs], dtype=np.uint64), sizes)
+        refs = np.repeat(np.array([d.ref for d in docs], dtype=np.uint64), sizes)
+        kinds = np.repeat(np.array([int(d.kind) for d in docs], dtype=np.uint64), sizes)
+        offsets = np.concatenate([d.offsets for d in docs]).astype(np.uint64)
         bucket, field = self._layout.cut(values)
-        columns = [
-            _be(np.repeat(np.arange(len(docs)), sizes), ">u4"),
-            _be(np.repeat([d.tenant for d in docs], sizes), ">u4"),
-            _be(np.repeat([d.ref for d in docs], sizes), ">u4"),
-            _be(np.repeat([int(d.kind) for d in docs], sizes), "u1"),
-            bucket,
-            field,
-            _be(np.concatenate([d.offsets for d in docs]), ">u4"),
-        ]
-        records = np.hstack(columns)
-        presence, ttl_bits = self._layout.filter_bits(values)
-        bits = np.column_stack([presence, ttl_bits])
+        entries, used = encode_entries(tenants, refs, offsets, kinds)
+        fixed = np.hstack(
+            [
+                _be(np.repeat(np.arange(len(docs)), sizes), ">u4"),
+                _be(tenants, ">u4"),
+                _be(refs, ">u4"),
+                _be(kinds, "u1"),
+                bucket,
+                field,
+                _be(offsets, ">u4"),
+                _be(used.sum(axis=1), "u1"),
+            ]
+        )
+        records = np.hstack([fixed, entries])
+        mask = np.hstack([np.ones(fixed.shape, dtype=bool), used])
         current = self._window.current(now)
         common_args = [
             current,
@@ -276,15 +344,17 @@ class RedisIndex:
             self._window.expires_at(current),
             *self._common,
             self._layout.insert_format(),
-            records.shape[1],
         ]
-        replies = await self._per_shard(ns, values, records, bits, self._insert, common_args)
+        bits = _decimals(self._layout.filter_bits(values))
+        replies = await self._per_shard(
+            ns, values, [(records, mask), bits], self._insert, common_args, [self._layout.filter_bytes]
+        )
         counts: dict[tuple[int, int, int, int], int] = {}
         for reply in replies:  # one per shard: the same pair can show up in several
             for i in range(0, len(reply), 5):
-                pos, tenant, ref, kinds, count = (int(x) for x in reply[i : i + 5])
-                counts[(pos, tenant, ref, kinds)] = counts.get((pos, tenant, ref, kinds), 0) + count
-        return [Hit(pos, tenant, ref, Kind(kinds), n) for (pos, tenant, ref, kinds), n in counts.items()]
+                key = (int(reply[i]), int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
+                counts[key] = counts.get(key, 0) + int(reply[i + 4])
+        return [Hit(pos, tenant, ref, KINDS[k], n) for (pos, tenant, ref, k), n in counts.items()]
 
     async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         out = [Lookup(())] * len(values)
@@ -293,50 +363,81 @@ class RedisIndex:
         values = values.astype(np.uint64)
         bucket, field = self._layout.cut(values)
         records = np.hstack([_be(np.arange(len(values)), ">u4"), bucket, field])
-        presence, _ = self._layout.filter_bits(values)
+        bits = _decimals(self._layout.filter_bits(values))
         common_args = [
             self._window.current(now),
             self._window.generations,
             *self._common,
             self._layout.lookup_format(),
-            records.shape[1],
         ]
-        for reply in await self._per_shard(ns, values, records, presence[:, None], self._lookup, common_args):
-            i = 0
-            while i < len(reply):
-                pos, count = int(reply[i]), int(reply[i + 1])
-                i += 2
-                if count < 0:
-                    out[pos] = Lookup(None)
-                    continue
-                flat = [int(x) for x in reply[i : i + 4 * count]]
-                i += 4 * count
-                out[pos] = Lookup(
-                    tuple(Entry(flat[j], flat[j + 1], flat[j + 2], Kind(flat[j + 3])) for j in range(0, len(flat), 4))
-                )
+        replies = await self._per_shard(ns, values, [(records, None), bits], self._lookup, common_args)
+        rows = np.frombuffer(b"".join(cast(list[bytes], replies)), dtype=_LOOKUP_ROW)
+        if len(rows) == 0:
+            return out
+        positions = rows["pos"].tolist()
+        tenants, refs, offsets = rows["tenant"].tolist(), rows["doc"].tolist(), rows["offset"].tolist()
+        kinds = rows["kinds"].tolist()
+        i, n = 0, len(positions)
+        while i < n:
+            pos, j = positions[i], i
+            while j < n and positions[j] == pos:
+                j += 1
+            if kinds[i] == 0:
+                out[pos] = Lookup(None)
+            else:
+                out[pos] = Lookup(tuple(Entry(tenants[k], refs[k], offsets[k], KINDS[kinds[k]]) for k in range(i, j)))
+            i = j
         return out
 
     async def _per_shard(
         self,
         ns: str,
         values: npt.NDArray[np.uint64],
-        records: npt.NDArray[np.uint8],
-        bits: npt.NDArray[np.uint64],
+        columns: list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_] | None]],
         script: LuaScript,
         args: list[Any],
-    ) -> list[list[Any]]:
-        """One Lua call per shard the records fall into, all in one pipeline, records kept in order.
+        tail: Sequence[Any] = (),
+    ) -> list[Any]:
+        """The records, grouped by shard, in as few Lua calls as allowed, all in one pipeline.
 
-        ``bits`` are the records' filter bit offsets, sent as decimal strings after the records.
+        A Redis Cluster gets one call per shard (a script only touches one slot); a single Redis
+        gets consecutive shards together, up to ``RECORDS_PER_CALL`` records a call, so a call
+        never holds the server for long. Each of ``columns`` is one byte row per record, with the
+        mask of the bytes each row uses when rows vary in length; every call gets ``args``, its
+        records per shard, one string per column (its records' rows, concatenated), ``tail``.
         """
         shards = _shard_of(values)
         order = np.argsort(shards, kind="stable")
-        bounds = np.flatnonzero(np.diff(shards[order])) + 1
+        sorted_shards = shards[order]
+        cuts = np.flatnonzero(np.diff(sorted_shards)) + 1
+        starts, stops = [0, *cuts.tolist()], [*cuts.tolist(), len(order)]
+        ends = []
+        flats = []
+        for matrix, mask in columns:
+            if mask is None:
+                flats.append(matrix[order].tobytes())
+                ends.append(np.arange(1, len(order) + 1) * matrix.shape[1])
+            else:
+                flats.append(matrix[order][mask[order]].tobytes())
+                ends.append(np.cumsum(mask[order].sum(axis=1)))
+        one_per_call = isinstance(self._r, RedisCluster)
+        groups: list[list[int]] = [[]]
+        held = 0
+        for i, (lo, hi) in enumerate(zip(starts, stops, strict=True)):
+            if groups[-1] and (one_per_call or held + hi - lo > RECORDS_PER_CALL):
+                groups.append([])
+                held = 0
+            groups[-1].append(i)
+            held += hi - lo
         calls = []
-        for chunk in np.split(order, bounds):
-            shard = int(shards[chunk[0]])
-            offsets = bits[chunk].ravel().astype(np.bytes_).tolist()
-            calls.append((script, [self._keys.shard(ns, shard)], [*args, records[chunk].tobytes(), *offsets]))
+        for group in groups:
+            lo, hi = starts[group[0]], stops[group[-1]]
+            keys = [self._keys.shard(ns, int(sorted_shards[starts[i]])) for i in group]
+            counts = np.array([stops[i] - starts[i] for i in group], dtype=">u4").tobytes()
+            strings = [
+                flat[(int(end[lo - 1]) if lo else 0) : int(end[hi - 1])] for flat, end in zip(flats, ends, strict=True)
+            ]
+            calls.append((script, keys, [*args, counts, *strings, *tail]))
         return await self._scripts(calls)
 
     async def _scripts(self, calls: Sequence[tuple[LuaScript, list[str], Sequence[Any]]]) -> list[Any]:

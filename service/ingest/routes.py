@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -20,7 +21,7 @@ from service.errors import (
     UnsupportedMediaType,
     responses,
 )
-from service.ingest.schemas import Batch, IngestResult
+from service.ingest.schemas import Batch, DropReport, DropResult, IngestResult
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 _batch = TypeAdapter(Batch)
@@ -61,3 +62,22 @@ async def ingest_exchanges(
         except RequestValidationError:
             metrics.INGEST_REJECTED.labels("invalid").inc()
             raise
+
+
+@router.post(
+    "/sdk/drops",
+    status_code=202,
+    response_model=DropResult,
+    summary="Report exchanges a gateway dropped before delivery",
+    responses=responses(Unauthorized, Forbidden, Invalid, Unavailable),
+)
+async def report_drops(
+    report: DropReport, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
+) -> DropResult:
+    """Feeds ``bleedwatch_sdk_dropped_exchanges_total``; idempotent on ``report_id``."""
+    key = f"sdk-drops:{caller.key_id}:{report.report_id}"
+    if (await deps.index.done([key], time.time()))[0]:
+        return DropResult(counted=0)
+    metrics.SDK_DROPPED.inc(report.count)
+    await deps.index.mark_done([key], time.time())
+    return DropResult(counted=report.count)

@@ -70,3 +70,18 @@ class IngestResult(BaseModel):
     accepted: int = Field(description="Exchanges indexed and matched by this call.")
     duplicates: int = Field(description="Exchanges already ingested earlier (same tenant and request id).")
     findings: int = Field(description="Findings created or extended by this call.")
+
+
+class DropReport(BaseModel):
+    """Exchanges a gateway's SDK could not deliver and had to drop (its spool was full, or absent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    report_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] = Field(
+        description="Chosen by the SDK; a report sent again with the same id is counted once."
+    )
+    count: int = Field(ge=1, le=10**9)
+
+
+class DropResult(BaseModel):
+    counted: int = Field(description="Exchanges added to bleedwatch_sdk_dropped_exchanges_total (0 for a repeat).")

@@ -1,9 +1,10 @@
 """The one path of an exchange: validate, dedupe, index, cross-match, store findings.
 
-A batch is answered 202 only after all of it is indexed and its findings are committed;
-an idempotency mark per (tenant, request id) is written last, so a batch retried after any
-failure is re-processed, and re-processing is harmless (the index keeps one entry per
-tenant, findings are upserts).
+A batch is answered 202 only after all of it is indexed and its findings are committed (or,
+with the database unreachable, held in the outbox: service/ingest/outbox.py); an idempotency
+mark per (tenant, request id) is written last, so a batch retried after any failure is
+re-processed, and re-processing is harmless (the index keeps one entry per tenant, findings
+are upserts).
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics, tracing
 from service.auth.keys import Caller
-from service.db import session_scope
 from service.errors import Forbidden
-from service.findings import store
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
+from service.ingest.outbox import FindingsWriter
 from service.ingest.schemas import Batch, Exchange, IngestResult
 from service.matching.matcher import Matcher
 
@@ -34,12 +34,18 @@ def _idempotency_key(ex: Exchange) -> str:
 
 class Ingestor:
     def __init__(
-        self, index: Index, matcher: Matcher, sessions: async_sessionmaker[AsyncSession], limits: Limits
+        self,
+        index: Index,
+        matcher: Matcher,
+        sessions: async_sessionmaker[AsyncSession],
+        limits: Limits,
+        writer: FindingsWriter | None = None,
     ) -> None:
         self._index = index
         self._matcher = matcher
         self._sessions = sessions
         self.limits = limits
+        self._writer = writer or FindingsWriter(sessions, index.outbox())
 
     @tracing.traced("ingest")
     async def ingest(self, batch: Batch, caller: Caller) -> IngestResult:
@@ -98,13 +104,9 @@ class Ingestor:
             drafts = await self._matcher.evaluate(ns, docs, metas, hits, now)
         created = 0
         if drafts:
-            async with session_scope(self._sessions) as session:
-                changed = await store.upsert(session, drafts)
-            created = len(changed)
-            for draft, finding_id, new in changed:
-                if new:
-                    metrics.record_finding(draft)
-                    log.info("finding_created", extra={"finding_id": finding_id, "severity": draft.severity})
+            # Database down: held in the outbox and written later (service/ingest/outbox.py).
+            changed = await self._writer.write(drafts)
+            created = len(drafts) if changed is None else len(changed)
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)
         metrics.EXCHANGES_INGESTED.inc(len(fresh))
         for j in range(len(fresh)):

@@ -1,17 +1,35 @@
-"""Async client for gateways: batches exchanges and posts them, retrying what may be retried.
+"""Async client for gateways: never in the gateway's way, and nothing lost that can be kept.
 
-429 and 503 are retried after the server's Retry-After; other 5xx and network errors after an
-exponential backoff with jitter; any other 4xx is a bug in the caller and raised at once as
-``Rejected`` with the server's message.
+- ``submit_text`` hands the texts to a worker thread (very long ones to a worker process, whose
+  hashing cannot hold the event loop's GIL) and returns at once; ``submit`` queues an already
+  fingerprinted exchange. Neither waits for the network.
+- A background task sends batches of ``batch_size`` (or whatever is queued every
+  ``flush_seconds``). 429 and 503 are retried after the server's Retry-After (at most
+  ``max_backoff_seconds``), other 5xx and network errors after an exponential backoff with jitter;
+  any other 4xx is a bug in the caller: the batch is refused for good (``Rejected``).
+- A batch not delivered within ``max_attempts`` goes to the spool, if one is configured
+  (``service/sdk/spool.py``: a bounded local file), and is replayed when the service answers
+  again. Exchanges are dropped only when they cannot be kept: the spool is full, or there is no
+  spool, or the queue passed ``max_pending`` with nowhere to put it, or the service refused them.
+  Every drop is counted (``dropped``), logged, and reported to the service
+  (``POST /v1/sdk/drops``, idempotent), which exports ``bleedwatch_sdk_dropped_exchanges_total``.
+
+``flush()`` delivers everything queued now and, without a spool, raises ``Undelivered`` or
+``Rejected`` like ``send`` does, so a caller that needs delivery (a replay) can know.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import email.utils
 import logging
+import multiprocessing
+import os
 import random
 import time
+import uuid
 from types import TracebackType
 from typing import Any
 
@@ -20,10 +38,14 @@ import orjson
 
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params
 from service.sdk.exchange import Scalar, fingerprint_exchange
+from service.sdk.spool import Spool
 
 log = logging.getLogger("bleedwatch.sdk")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# Texts longer than this (characters) are fingerprinted in a worker process: tokenising a
+# megabyte-sized prompt is one long C call that would hold the GIL, and so the gateway's loop.
+LONG_TEXT_CHARS = 200_000
 
 
 class Rejected(Exception):
@@ -67,6 +89,8 @@ class BleedwatchClient:
         max_backoff_seconds: float = 30.0,
         timeout_seconds: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        spool: Spool | str | os.PathLike[str] | None = None,
+        max_pending: int = 20_000,
     ) -> None:
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
@@ -78,16 +102,27 @@ class BleedwatchClient:
         self._flush_seconds = flush_seconds
         self._max_attempts = max_attempts
         self._max_backoff = max_backoff_seconds
+        self._max_pending = max_pending
+        self._spool = spool if isinstance(spool, Spool) or spool is None else Spool(spool)
         self._pending: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()
-        self._flusher: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._hashing: set[asyncio.Future[Any]] = set()
+        self._spilling: set[asyncio.Task[None]] = set()
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._processes: concurrent.futures.ProcessPoolExecutor | None = None
+        self._report: tuple[str, int] | None = None  # a drop report sent but not yet acknowledged
+        self._unreported = 0
         self.accepted = 0
         self.duplicates = 0
         self.findings = 0
         self.rejected = 0
+        self.dropped = 0
+        self.spooled = 0
 
     async def __aenter__(self) -> BleedwatchClient:
-        self._flusher = asyncio.create_task(self._flush_periodically())
+        self._start()
         return self
 
     async def __aexit__(
@@ -95,20 +130,56 @@ class BleedwatchClient:
     ) -> None:
         await self.aclose()
 
+    def _start(self) -> None:
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_in_background(), name="bleedwatch-sdk-sender")
+
     async def aclose(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
         try:
             await self.flush()
         finally:
+            for task in list(self._spilling):
+                task.cancel()
             await self._http.aclose()
+            for pool in (self._threads, self._processes):
+                if pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+            if self._spool is not None:
+                self._spool.close()
+
+    # --- queueing ----------------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Exchanges queued or being fingerprinted, not yet sent."""
+        return len(self._pending) + len(self._hashing)
+
+    @property
+    def spool(self) -> Spool | None:
+        return self._spool
 
     async def submit(self, exchange: dict[str, Any]) -> None:
-        """Queue one exchange (from ``fingerprint_exchange``); sends when a batch is full."""
+        """Queue one exchange (from ``fingerprint_exchange``); returns without waiting for the network."""
+        self._queue(exchange)
+
+    def _queue(self, exchange: dict[str, Any]) -> None:
         self._pending.append(exchange)
         if len(self._pending) >= self._batch_size:
-            await self.flush()
+            self._wake.set()
+            self._start()
+        if len(self._pending) > self._max_pending:  # the service is slower than the gateway, or away
+            overflow, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
+            task = asyncio.get_running_loop().create_task(self._spill(overflow))
+            self._spilling.add(task)
+            task.add_done_callback(self._spilling.discard)
+
+    async def _spill(self, batch: list[dict[str, Any]]) -> None:
+        if not await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
+            self._drop(len(batch), "the queue is full and there is no room in a spool")
 
     async def submit_text(
         self,
@@ -123,40 +194,111 @@ class BleedwatchClient:
         meta: dict[str, Scalar] | None = None,
         params: Params = DEFAULT_PARAMS,
     ) -> None:
-        """Fingerprint in a worker thread, so the gateway's event loop never waits on hashing."""
-        exchange = await asyncio.to_thread(
-            fingerprint_exchange,
+        """Fingerprint off the event loop and queue; returns as soon as the work is handed over."""
+        if self.pending >= self._max_pending + self._batch_size:
+            self._drop(1, "the fingerprinting queue is full")
+            return
+        loop = asyncio.get_running_loop()
+        long = len(prompt) + len(response) > LONG_TEXT_CHARS
+        pool: concurrent.futures.Executor
+        if long:
+            if self._processes is None:  # spawned, not forked: a gateway's threads must not be copied
+                spawn = multiprocessing.get_context("spawn")
+                self._processes = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn)
+            pool = self._processes
+        else:
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bleedwatch-fp")
+            pool = self._threads
+        future = loop.run_in_executor(
+            pool,
+            _fingerprint,
             prompt,
             response,
-            key=key,
-            tenant=tenant,
-            request_id=request_id,
-            model=model,
-            ts=ts,
-            meta=meta,
-            params=params,
+            key,
+            tenant,
+            request_id,
+            model,
+            time.time() if ts is None else ts,
+            meta,
+            params,
         )
-        await self.submit(exchange)
+        self._hashing.add(future)
+        future.add_done_callback(self._hashed)
+        self._start()
 
+    def _hashed(self, future: asyncio.Future[Any]) -> None:
+        self._hashing.discard(future)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            log.error("bleedwatch: could not fingerprint an exchange: %s", type(exc).__name__)
+            self._drop(1, "fingerprinting failed")
+            return
+        self._queue(future.result())
+
+    async def flush_hashing(self) -> None:
+        """Wait until every exchange handed to ``submit_text`` is fingerprinted and queued (or spilled)."""
+        while self._hashing or self._spilling:
+            await asyncio.wait([*self._hashing, *self._spilling])
+
+    # --- sending -----------------------------------------------------------------------------
     async def flush(self) -> None:
+        """Deliver what is queued now (after the fingerprinting under way), and what is spooled."""
+        await self.flush_hashing()
         async with self._lock:
+            await self._replay()
             while self._pending:
                 batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
-                try:
-                    result = await self.send(batch)
-                except Rejected:
-                    self.rejected += len(batch)  # resending the same bytes cannot succeed
-                    raise
-                except BaseException:
-                    self._pending = batch + self._pending  # keep it for the next flush
-                    raise
-                self.accepted += result["accepted"]
-                self.duplicates += result["duplicates"]
-                self.findings += result["findings"]
+                await self._deliver(batch, raise_errors=True)
+            await self._report_drops()
+
+    async def _deliver(self, batch: list[dict[str, Any]], *, raise_errors: bool) -> bool:
+        """Send one batch; keep it in the spool if it cannot be delivered. True when delivered."""
+        try:
+            result = await self.send(batch)
+        except Rejected as exc:
+            self.rejected += len(batch)  # resending the same bytes cannot succeed
+            self._drop(len(batch), f"refused by the service: {exc}")
+            if raise_errors:
+                raise
+            return False
+        except Undelivered:
+            if await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
+                return False
+            # No spool, or a full one: keep it in memory (up to max_pending) for the next round.
+            self._pending = batch + self._pending
+            if raise_errors:
+                raise
+            return False
+        self._count(result)
+        return True
+
+    async def _keep(self, body: bytes, exchanges: int) -> bool:
+        """Into the spool (a worker thread writes and fsyncs it); False when there is none or it is full."""
+        if self._spool is None:
+            return False
+        if await asyncio.to_thread(self._spool.append, body, exchanges):
+            self.spooled += exchanges
+            return True
+        return False
+
+    def _drop(self, exchanges: int, why: str) -> None:
+        self.dropped += exchanges
+        self._unreported += exchanges
+        log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, why)
+
+    def _count(self, result: dict[str, Any]) -> None:
+        self.accepted += result["accepted"]
+        self.duplicates += result["duplicates"]
+        self.findings += result["findings"]
 
     async def send(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Post one batch until it is accepted, refused for good, or the attempts run out."""
-        body = orjson.dumps({"exchanges": batch})
+        return await self._post(orjson.dumps({"exchanges": batch}), batch)
+
+    async def _post(self, body: bytes, batch: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         cause = "no attempt made"
         for attempt in range(self._max_attempts):
             try:
@@ -168,25 +310,95 @@ class BleedwatchClient:
                 if resp.status_code == 202:
                     result: dict[str, Any] = resp.json()
                     return result
-                if resp.status_code not in RETRY_STATUSES:
+                if resp.status_code not in RETRY_STATUSES and resp.status_code < 500:
                     raise Rejected(resp.status_code, _json(resp))
                 cause = f"HTTP {resp.status_code}"
                 wait = retry_after(resp.headers.get("retry-after"), time.time())
             if attempt + 1 == self._max_attempts:
                 break
             backoff = min(self._max_backoff, 0.2 * 2**attempt) * (0.5 + random.random() / 2)
-            delay = wait if wait is not None else backoff
+            delay = min(wait, self._max_backoff) if wait is not None else backoff
             log.warning("bleedwatch ingest failed (%s); retry %d in %.1fs", cause, attempt + 1, delay)
             await asyncio.sleep(delay)
-        raise Undelivered(batch, cause)
+        raise Undelivered(batch if batch is not None else orjson.loads(body)["exchanges"], cause)
 
-    async def _flush_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self._flush_seconds)
+    async def _replay(self) -> None:
+        """Send spooled batches, oldest first, until the spool is empty or the service fails again."""
+        spool = self._spool
+        while spool:
+            record = await asyncio.to_thread(spool.peek)
+            if record is None:
+                return
             try:
-                await self.flush()
-            except (Undelivered, Rejected) as exc:
-                log.error("bleedwatch: %s", exc)
+                result = await self._post(record.payload)
+            except Rejected as exc:
+                self.rejected += record.exchanges
+                self._drop(record.exchanges, f"spooled batch refused by the service: {exc}")
+            except Undelivered:
+                return  # still away: keep it for the next round
+            else:
+                self._count(result)
+            await asyncio.to_thread(spool.commit, record.end)
+
+    async def _report_drops(self) -> None:
+        """Tell the service how many exchanges were dropped (once per report, whatever the retries)."""
+        if self._report is None and self._unreported:
+            self._report, self._unreported = (uuid.uuid4().hex, self._unreported), 0
+        if self._report is None:
+            return
+        report_id, count = self._report
+        try:
+            resp = await self._http.post(
+                "/v1/sdk/drops", content=orjson.dumps({"report_id": report_id, "count": count})
+            )
+        except httpx.TransportError:
+            return
+        if resp.status_code == 202:
+            self._report = None
+        elif resp.status_code < 500 and resp.status_code not in RETRY_STATUSES:
+            log.error(
+                "bleedwatch: the service refused a drop report (%s); %d drops stay local", resp.status_code, count
+            )
+            self._report = None
+
+    async def _send_in_background(self) -> None:
+        """Full batches as soon as they are full; whatever is queued every ``flush_seconds``."""
+        while True:
+            timed_out = False
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._flush_seconds)
+            except TimeoutError:
+                timed_out = True
+            self._wake.clear()
+            try:
+                async with self._lock:
+                    if self._spool:
+                        await self._replay()
+                    while len(self._pending) >= (1 if timed_out else self._batch_size):
+                        batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
+                        if not await self._deliver(batch, raise_errors=False):
+                            break  # the service is away: the rest waits for the next round
+                    await self._report_drops()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the sender must outlive any single failure
+                log.error("bleedwatch: background send failed: %s", type(exc).__name__)
+
+
+def _fingerprint(
+    prompt: str,
+    response: str,
+    key: bytes,
+    tenant: str,
+    request_id: str,
+    model: str,
+    ts: float,
+    meta: dict[str, Scalar] | None,
+    params: Params,
+) -> dict[str, Any]:
+    return fingerprint_exchange(
+        prompt, response, key=key, tenant=tenant, request_id=request_id, model=model, ts=ts, meta=meta, params=params
+    )
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

@@ -1,38 +1,42 @@
--- Index one shard's share of a batch and report what it shares with other tenants.
+-- Index some shards' share of a batch and report what it shares with other tenants.
 -- Contract: service/index/base.py (memory.py is the same logic in Python). Every key this
--- script touches starts with KEYS[1], whose hash tag pins the shard to one cluster slot.
+-- script touches starts with one of KEYS, whose hash tags pin each shard to one cluster slot;
+-- on a Redis Cluster the caller sends one shard per call, on a single Redis several.
 -- Layout, entry encoding and the presence filter: service/index/keys.py.
 --
--- KEYS[1]  shard base, e.g. bw:{<key id>:a7}:ix2
+-- KEYS     shard bases, e.g. bw:{<key id>:a7}:ix2, in the order of their records
 -- ARGV[1]  current generation     ARGV[2] generations to read
 -- ARGV[3]  when the current generation's keys expire (Unix seconds, EXPIREAT)
 -- ARGV[4]  common: tenants with it in a prompt   ARGV[5] common: tenants with it at all
--- ARGV[6]  struct format of one record, ARGV[7] its size in bytes
--- ARGV[8]  records, big-endian, in batch order (service/index/redis_index.py builds them):
---          batch pos u32, tenant u32, doc u32, kind u8, bucket (raw bytes), field (raw bytes), offset u32
--- ARGV[9], ARGV[10], ...  two decimal strings per record: its bit in the presence filter, and
---          its bucket's "has a TTL" bit (so redis.call never turns a Lua number into a string)
--- A bucket's key is KEYS[1] .. ':' .. generation .. ':' .. bucket bytes; a generation's presence
--- filter is KEYS[1] .. ':f:' .. generation: one bit per (bucket, 9 low bits of the fingerprint)
--- set when a field is written, so a clear bit proves the field is not in that generation and
--- the read is skipped. Filters and buckets expire at the same second.
+-- ARGV[6]  struct format of one record
+-- ARGV[7]  records per shard: one u32 big-endian per key of KEYS
+-- ARGV[8]  records, big-endian, grouped by shard, in batch order within each (redis_index.py):
+--          batch pos u32, tenant u32, doc u32, kind u8, bucket (raw bytes), field (raw bytes),
+--          offset u32, then the record's own entry, encoded as stored (below), after its length u8
+-- ARGV[9]  each record's bit in its shard's presence filter, decimal, space-separated
+--          (redis.call would otherwise turn Lua numbers into strings, which costs more than
+--          all the rest)
+-- ARGV[10] a filter's size in bytes, to create it at exactly that size
+-- A bucket's key is <shard base> .. ':' .. generation .. ':' .. bucket bytes; a generation's
+-- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
+-- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
+-- that generation, and the read is skipped. Filters and buckets expire at the same second.
 -- Stored value per field: '*' once common, else entries of
 --          varint(tenant * 4 + kinds) . doc u32 big-endian . varint(offset)
 -- (kinds: 1 prompt, 2 response; varint: 7 bits a byte, low first, high bit = more follows).
 -- An entry's doc is the tenant's first prompt with the fingerprint, else its first response.
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
 
-local base = KEYS[1]
 local cur = tonumber(ARGV[1])
 local gens = tonumber(ARGV[2])
 local deadline = ARGV[3]
 local common_prompt = tonumber(ARGV[4])
 local common_any = tonumber(ARGV[5])
 local format = ARGV[6]
-local size = tonumber(ARGV[7])
 local records = ARGV[8]
-local FIRST_BIT_ARG = 9
-local count = #records / size
+local filter_bytes = tonumber(ARGV[10])
+local bit_offsets, nbits = {}, 0
+for w in string.gmatch(ARGV[9], '%d+') do nbits = nbits + 1; bit_offsets[nbits] = w end
 
 local COMMON = '*'
 local PROMPT, RESPONSE = 1, 2
@@ -40,6 +44,7 @@ local CHUNK = 1000  -- BITFIELD subcommands per call: Lua's unpack has a C stack
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 local spack, sunpack = struct.pack, struct.unpack
 local band, bor = bit.band, bit.bor
+local first_gen = cur - gens + 1
 
 local function varint(n)
   if n < 128 then return char(n) end
@@ -76,139 +81,158 @@ local function each(value, fn)
   end
 end
 
--- Bits of one filter for every record: which = 0 the presence bit, 1 the bucket's TTL bit.
-local function read_bits(key, which)
-  local out = {}
-  for first = 0, count - 1, CHUNK do
-    local args = {}
-    for r = first, math.min(count, first + CHUNK) - 1 do
-      local n = #args
-      args[n + 1] = 'GET'; args[n + 2] = 'u1'; args[n + 3] = ARGV[FIRST_BIT_ARG + 2 * r + which]
-    end
-    local got = redis.call('BITFIELD_RO', key, unpack(args))
-    for i = 1, #got do out[first + i] = got[i] end
-  end
-  return out
-end
-
-local function set_bits(key, offsets)
-  for first = 1, #offsets, CHUNK do
-    local args = {}
-    for i = first, math.min(#offsets, first + CHUNK - 1) do
-      local n = #args
-      args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = offsets[i]; args[n + 4] = 1
-    end
-    redis.call('BITFIELD', key, unpack(args))
-  end
-end
-
-local gen_base, present = {}, {}
-local first_gen = cur - gens + 1
-for gen = first_gen, cur do
-  gen_base[gen] = base .. ':' .. gen .. ':'
-  present[gen] = read_bits(base .. ':f:' .. gen, 0)
-end
-local cur_filter = base .. ':f:' .. cur
-local has_ttl = read_bits(cur_filter, 1)
-local set_now, new_bits, expiring = {}, {}, {}
-
 -- Fold entry (d, o, k) into e: kinds add up; a prompt doc replaces a response-only one.
 local function fold(e, d, o, k)
   if e[3] == RESPONSE and band(k, PROMPT) == PROMPT then e[1] = d; e[2] = o end
   e[3] = bor(e[3], k)
 end
 
+-- BITFIELD_RO arguments reading the bits at offsets[lo..hi], in chunks (Lua's unpack has a C
+-- stack limit); one filter per generation, read with the same arguments.
+local function bit_reads(lo, hi)
+  local chunks = {}
+  for first = lo, hi, CHUNK do
+    local args, a = {}, 0
+    for r = first, math.min(hi, first + CHUNK - 1) do
+      args[a + 1] = 'GET'; args[a + 2] = 'u1'; args[a + 3] = bit_offsets[r]
+      a = a + 3
+    end
+    chunks[#chunks + 1] = args
+  end
+  return chunks
+end
+
+local function read_bits(key, chunks)
+  if #chunks == 1 then return redis.call('BITFIELD_RO', key, unpack(chunks[1])) end
+  local out, n = {}, 0
+  for _, args in ipairs(chunks) do
+    for _, b in ipairs(redis.call('BITFIELD_RO', key, unpack(args))) do n = n + 1; out[n] = b end
+  end
+  return out
+end
+
+local function set_bits(key, offsets)
+  for first = 1, #offsets, CHUNK do
+    local args, n = {}, 0
+    for i = first, math.min(#offsets, first + CHUNK - 1) do
+      args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = offsets[i]; args[n + 4] = '1'
+      n = n + 4
+    end
+    redis.call('BITFIELD', key, unpack(args))
+  end
+end
+
 local hits, order = {}, {}
 local NONE = {}
+local at, r = 1, 0  -- byte position in records, index of the last record read
 
-for r = 1, count do
-  local pos, tenant, doc, kind, bucket, field, offset = sunpack(format, records, (r - 1) * size + 1)
-  local bit_arg = ARGV[FIRST_BIT_ARG + 2 * (r - 1)]
-  local merged, tenants, common, current = NONE, NONE, false, nil
+for s, base in ipairs(KEYS) do
+  local count = sunpack('>I4', ARGV[7], 4 * s - 3)
+  local lo, hi = r + 1, r + count
+  local gen_base, present, reads = {}, {}, bit_reads(lo, hi)
   for gen = first_gen, cur do
-    if present[gen][r] == 1 or (gen == cur and set_now[bit_arg]) then
-      local value = redis.call('HGET', gen_base[gen] .. bucket, field)
-      if value then
-        if gen == cur then current = value end
-        if value == COMMON then common = true break end
-        if merged == NONE then merged, tenants = {}, {} end
-        each(value, function(t, d, o, k)
-          if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
-        end)
-      end
-    end
+    gen_base[gen] = base .. ':' .. gen .. ':'
+    present[gen] = read_bits(base .. ':f:' .. gen, reads)
   end
-  local senders = 0
-  for _, t in ipairs(tenants) do
-    if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
-  end
-  common = common or senders >= common_prompt or #tenants >= common_any
-  local mine = merged[tenant]
-  if not common then
-    local self_prompt = mine and band(mine[3], PROMPT) == PROMPT
-    for _, t in ipairs(tenants) do
-      local e = merged[t]
-      -- A leak goes from a prompt to another tenant's response (memory.py's _counts).
-      local hit
-      if kind == RESPONSE then hit = band(e[3], PROMPT) == PROMPT and not self_prompt
-      else hit = e[3] == RESPONSE end
-      if t ~= tenant and hit then
-        local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
-        local h = hits[hk]
-        if h then h[5] = h[5] + 1 else
-          hits[hk] = {pos, t, e[1], e[3], 1}
-          order[#order + 1] = hk
+  local cur_filter = base .. ':f:' .. cur
+  local present_cur = present[cur]
+  local set_now, new_bits, touched = {}, {}, {}
+
+  for i = 1, count do
+    r = r + 1
+    local pos, tenant, doc, kind, bucket, field, offset, mine_entry, next_at = sunpack(format, records, at)
+    at = next_at
+    local bit_arg = bit_offsets[r]
+    local merged, tenants, common, current = NONE, NONE, false, nil
+    for gen = first_gen, cur do
+      if present[gen][i] == 1 or (gen == cur and set_now[bit_arg]) then
+        local value = redis.call('HGET', gen_base[gen] .. bucket, field)
+        if value then
+          if gen == cur then current = value end
+          if value == COMMON then common = true break end
+          if merged == NONE then merged, tenants = {}, {} end
+          each(value, function(t, d, o, k)
+            if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
+          end)
         end
       end
     end
-    -- Would this doc make it common?
-    if not mine then
-      common = #tenants + 1 >= common_any or (kind == PROMPT and senders + 1 >= common_prompt)
-    elseif kind == PROMPT and band(mine[3], PROMPT) == 0 then
-      common = senders + 1 >= common_prompt
-    end
-  end
-  -- Record this tenant in the current generation.
-  local new_value = nil
-  if common then
-    if current ~= COMMON then new_value = COMMON end
-  elseif not current then
-    new_value = entry(tenant, doc, offset, kind)
-  else
-    local found = false
-    each(current, function(t, d, o, k, first, after)
-      if t ~= tenant then return false end
-      found = true
-      local e = {d, o, k}
-      fold(e, doc, offset, kind)
-      if e[1] ~= d or e[3] ~= k then
-        new_value = sub(current, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(current, after)
+    local mine = nil
+    if merged ~= NONE then  -- someone had it: hits, and maybe it is common now
+      local senders = 0
+      for _, t in ipairs(tenants) do
+        if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
       end
-      return true
-    end)
-    if not found then new_value = current .. entry(tenant, doc, offset, kind) end
-  end
-  if new_value then
-    local key = gen_base[cur] .. bucket
-    redis.call('HSET', key, field, new_value)
-    if present[cur][r] == 0 and not set_now[bit_arg] then
-      set_now[bit_arg] = true
-      new_bits[#new_bits + 1] = bit_arg
+      common = common or senders >= common_prompt or #tenants >= common_any
+      mine = merged[tenant]
+      if not common then
+        local self_prompt = mine and band(mine[3], PROMPT) == PROMPT
+        for _, t in ipairs(tenants) do
+          local e = merged[t]
+          -- A leak goes from a prompt to another tenant's response (memory.py's _counts).
+          local hit
+          if kind == RESPONSE then hit = band(e[3], PROMPT) == PROMPT and not self_prompt
+          else hit = e[3] == RESPONSE end
+          if t ~= tenant and hit then
+            local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
+            local h = hits[hk]
+            if h then h[5] = h[5] + 1 else
+              hits[hk] = {pos, t, e[1], e[3], 1}
+              order[#order + 1] = hk
+            end
+          end
+        end
+        -- Would this doc make it common?
+        if not mine then
+          common = #tenants + 1 >= common_any or (kind == PROMPT and senders + 1 >= common_prompt)
+        elseif kind == PROMPT and band(mine[3], PROMPT) == 0 then
+          common = senders + 1 >= common_prompt
+        end
+      end
+    elseif common_any <= 1 or (kind == PROMPT and common_prompt <= 1) then
+      common = true
     end
-    local ttl_arg = ARGV[FIRST_BIT_ARG + 2 * (r - 1) + 1]
-    if has_ttl[r] == 0 and not set_now[ttl_arg] then
-      set_now[ttl_arg] = true
-      new_bits[#new_bits + 1] = ttl_arg
-      expiring[#expiring + 1] = key
+    -- Record this tenant in the current generation.
+    local new_value = nil
+    if common then
+      if current ~= COMMON then new_value = COMMON end
+    elseif not current then
+      new_value = mine_entry
+    else
+      local found = false
+      each(current, function(t, d, o, k, first, after)
+        if t ~= tenant then return false end
+        found = true
+        local e = {d, o, k}
+        fold(e, doc, offset, kind)
+        if e[1] ~= d or e[3] ~= k then
+          new_value = sub(current, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(current, after)
+        end
+        return true
+      end)
+      if not found then new_value = current .. mine_entry end
+    end
+    if new_value then
+      local key = gen_base[cur] .. bucket
+      redis.call('HSET', key, field, new_value)
+      touched[key] = true
+      if present_cur[i] == 0 and not set_now[bit_arg] then
+        set_now[bit_arg] = true
+        new_bits[#new_bits + 1] = bit_arg
+      end
     end
   end
-end
 
-if #new_bits > 0 then
-  set_bits(cur_filter, new_bits)
-  redis.call('EXPIREAT', cur_filter, deadline)
+  if #new_bits > 0 then
+    if redis.call('EXISTS', cur_filter) == 0 then
+      -- At its final size at once: growing bit by bit would leave it in a buffer twice as large.
+      redis.call('SET', cur_filter, string.rep('\0', filter_bytes))
+      redis.call('EXPIREAT', cur_filter, deadline)
+    end
+    set_bits(cur_filter, new_bits)
+  end
+  for key in pairs(touched) do redis.call('EXPIREAT', key, deadline) end
 end
-for _, key in ipairs(expiring) do redis.call('EXPIREAT', key, deadline) end
 
 local out = {}
 for _, hk in ipairs(order) do

@@ -1,0 +1,122 @@
+"""The two ``Outbox`` backends (service/index/base.py): a Redis Stream, and a list in process."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import ResponseError
+
+from service import metrics
+from service.index.keys import Keys
+
+GROUP = "writers"
+
+
+class RedisOutbox:
+    """``p:{p:outbox}:findings``: one stream entry per finding, one consumer group for all replicas."""
+
+    def __init__(self, client: Redis | RedisCluster, keys: Keys) -> None:
+        self._r = client
+        self._key = keys.outbox
+        self._group_ready = False
+
+    async def _group(self) -> None:
+        if self._group_ready:
+            return
+        metrics.REDIS_ROUND_TRIPS.inc()
+        try:
+            await self._r.xgroup_create(self._key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    async def hold(self, items: list[bytes]) -> None:
+        if not items:
+            return
+        async with self._r.pipeline(transaction=False) as pipe:
+            for item in items:
+                pipe.xadd(self._key, {"d": item})
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+
+    async def claim(self, consumer: str, count: int, min_idle_seconds: float) -> list[tuple[str, bytes]]:
+        await self._group()
+        metrics.REDIS_ROUND_TRIPS.inc()
+        mine = await self._r.xreadgroup(GROUP, consumer, {self._key: "0"}, count=count)
+        items = _entries(mine)
+        if items:
+            return items
+        metrics.REDIS_ROUND_TRIPS.inc()
+        _, abandoned, *_ = await self._r.xautoclaim(
+            self._key, GROUP, consumer, int(min_idle_seconds * 1000), start_id="0-0", count=count
+        )
+        items = [(_id(i), f[b"d"]) for i, f in abandoned if f]
+        if items:
+            return items
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return _entries(await self._r.xreadgroup(GROUP, consumer, {self._key: ">"}, count=count))
+
+    async def release(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.xack(self._key, GROUP, *ids)
+            pipe.xdel(self._key, *ids)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+
+    async def size(self) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.xlen(self._key))
+
+
+def _id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _entries(reply: object) -> list[tuple[str, bytes]]:
+    """XREADGROUP's answer, RESP2 (a list of [stream, entries]) or RESP3 (a map), as (id, item)."""
+    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in (reply or [])]  # type: ignore[attr-defined]
+    out = []
+    for entries in streams:
+        for entry in entries:
+            if isinstance(entry, list | tuple) and len(entry) == 2 and entry[1]:
+                out.append((_id(entry[0]), entry[1][b"d"]))
+    return out
+
+
+class MemoryOutbox:
+    """For the embedded default: one process, so claiming is bookkeeping only."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, bytes] = {}
+        self._claimed: dict[str, tuple[str, float]] = {}
+        self._ids = itertools.count(1)
+
+    async def hold(self, items: list[bytes]) -> None:
+        for item in items:
+            self._items[f"{next(self._ids)}-0"] = item
+
+    async def claim(self, consumer: str, count: int, min_idle_seconds: float) -> list[tuple[str, bytes]]:
+        """As the stream does: this consumer's own claimed items, else abandoned ones, else new ones."""
+        now = time.monotonic()
+        mine = [i for i, (owner, _) in self._claimed.items() if owner == consumer]
+        abandoned = [
+            i for i, (owner, at) in self._claimed.items() if owner != consumer and now - at >= min_idle_seconds
+        ]
+        fresh = [i for i in self._items if i not in self._claimed]
+        chosen = (mine or abandoned or fresh)[:count]
+        for item_id in chosen:
+            self._claimed[item_id] = (consumer, now)
+        return [(item_id, self._items[item_id]) for item_id in chosen]
+
+    async def release(self, ids: list[str]) -> None:
+        for item_id in ids:
+            self._items.pop(item_id, None)
+            self._claimed.pop(item_id, None)
+
+    async def size(self) -> int:
+        return len(self._items)

@@ -1,0 +1,129 @@
+"""Findings survive a database outage: held in the index's outbox, written when it is back.
+
+Ingest and matching need only the index (Redis); the database stores what they conclude. When
+the findings of a batch cannot be written because the database is unreachable, they are
+appended to the outbox (a Redis Stream, ``service/index/outbox.py``) and the batch is answered
+202 as usual: nothing is lost, and the gateway has nothing to resend. Every replica runs
+``FindingsWriter.tick`` every few seconds, which moves held findings into the database once it answers again.
+
+None are duplicated: findings are upserts on (recipient tenant, recipient request id) whose
+evidence only grows, so a finding written twice (a replica died between its commit and its
+release, or a newer evaluation was written first) is one row. Metrics of a new finding are
+recorded by whichever write creates the row.
+
+Only an outage goes to the outbox (connection refused or lost, timeouts). Any other error fails
+the batch (5xx) before its idempotency marks are written, so the retried batch is processed
+again, whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import uuid
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy.exc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service import metrics
+from service.auth.keys import DB_DOWN
+from service.db import session_scope
+from service.findings import store
+from service.index.base import Outbox
+from service.matching.matcher import FindingDraft
+from service.periodic import Periodic
+
+log = logging.getLogger(__name__)
+
+DATABASE_DOWN = (*DB_DOWN, sqlalchemy.exc.TimeoutError, TimeoutError, ConnectionError)
+CLAIM_COUNT = 200
+DRAIN_SECONDS = 2.0
+# A replica that claimed held findings and died leaves them to another one after this long.
+ABANDONED_SECONDS = 60.0
+_DATETIMES = {f.name for f in dataclasses.fields(FindingDraft) if "datetime" in str(f.type)}
+_FIELDS = {f.name for f in dataclasses.fields(FindingDraft)}
+
+
+def encode_draft(draft: FindingDraft) -> bytes:
+    return orjson.dumps({"v": 1, "draft": dataclasses.asdict(draft)})
+
+
+def decode_draft(raw: bytes) -> FindingDraft:
+    data: dict[str, Any] = orjson.loads(raw)["draft"]
+    values: dict[str, Any] = {
+        k: (datetime.fromisoformat(v) if k in _DATETIMES else v) for k, v in data.items() if k in _FIELDS
+    }
+    return FindingDraft(**values)
+
+
+Written = list[tuple[FindingDraft, int, bool]]
+
+
+class FindingsWriter:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], outbox: Outbox, consumer: str | None = None):
+        self._sessions = sessions
+        self._outbox = outbox
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._loop: Periodic | None = None
+
+    async def write(self, drafts: list[FindingDraft]) -> Written | None:
+        """Upsert now; None when the database is down and the drafts were held instead."""
+        try:
+            return await self._upsert(drafts)
+        except DATABASE_DOWN as exc:
+            metrics.BACKEND_ERRORS.labels("database").inc()
+            await self._outbox.hold([encode_draft(d) for d in drafts])
+            metrics.FINDINGS_HELD.inc(len(drafts))
+            log.warning("findings_held", extra={"count": len(drafts), "exc_type": type(exc).__name__})
+            return None
+
+    async def _upsert(self, drafts: list[FindingDraft]) -> Written:
+        async with session_scope(self._sessions) as session:
+            written = await store.upsert(session, drafts)
+        for draft, finding_id, new in written:
+            if new:
+                metrics.record_finding(draft)
+                log.info("finding_created", extra={"finding_id": finding_id, "severity": draft.severity})
+        return written
+
+    async def drain(self) -> int:
+        """Write held findings to the database until there are none; how many were written."""
+        done = 0
+        while True:
+            claimed = await self._outbox.claim(self.consumer, CLAIM_COUNT, ABANDONED_SECONDS)
+            if not claimed:
+                return done
+            drafts, ids = [], []
+            for item_id, raw in claimed:
+                try:
+                    drafts.append(decode_draft(raw))
+                except (ValueError, TypeError, KeyError) as exc:  # from an incompatible version: say so, once
+                    log.error("held_finding_unreadable", extra={"item": item_id, "exc_type": type(exc).__name__})
+                ids.append(item_id)
+            if drafts:
+                await self._upsert(drafts)  # a database error leaves them claimed by us, for the next round
+            await self._outbox.release(ids)
+            done += len(drafts)
+            log.info("held_findings_written", extra={"count": len(drafts)})
+
+    async def tick(self) -> None:
+        """One round for ``Periodic``: export the outbox's length; write what waits in it."""
+        waiting = await self._outbox.size()
+        metrics.FINDINGS_OUTBOX.set(waiting)
+        if waiting:
+            await self.drain()
+            metrics.FINDINGS_OUTBOX.set(await self._outbox.size())
+
+    def start(self, interval_seconds: float = DRAIN_SECONDS) -> None:
+        self._loop = Periodic("findings-outbox", self.tick, interval_seconds)
+        self._loop.start()
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None

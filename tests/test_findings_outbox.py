@@ -1,0 +1,179 @@
+"""Findings are never lost between the index and the database, and never doubled.
+
+- The outbox contract, on every index backend.
+- PostgreSQL unreachable (a loopback proxy we cut, never the shared server): ingest and matching
+  go on, findings wait in the outbox and are written once it is back.
+- A crash between indexing and writing a finding (the write fails once): the retried batch is
+  processed again, because its idempotency marks are written last, and the finding is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+
+from service.auth.keys import Role
+from service.config import Settings
+from service.index.base import Index
+from service.ingest import outbox as outbox_module
+from service.ingest.outbox import decode_draft, encode_draft
+from service.matching.matcher import FindingDraft
+from service.sdk.client import BleedwatchClient
+from tests.conftest import ALL_BACKENDS, Api, running_api
+from tests.conftest import _truncate as truncate
+from tests.tcp_proxy import tcp_proxy
+from tests.traffic import exchange, words
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_the_outbox_hands_each_item_to_one_writer_until_it_is_released(index: Index) -> None:
+    box = index.outbox()
+    await box.hold([b"one", b"two", b"three"])
+    assert await box.size() == 3
+    first = await box.claim("replica-1", 2, min_idle_seconds=60)
+    assert [item for _, item in first] == [b"one", b"two"]
+    again = await box.claim("replica-1", 10, min_idle_seconds=60)  # unreleased: its own come back first
+    assert [item for _, item in again] == [b"one", b"two"]
+    assert [item for _, item in await box.claim("replica-2", 10, min_idle_seconds=60)] == [b"three"]
+    await box.release([item_id for item_id, _ in first])
+    assert await box.size() == 1
+    # replica-2 died holding "three": after the idle time anyone may take it over.
+    taken = await box.claim("replica-3", 10, min_idle_seconds=0)
+    assert [item for _, item in taken] == [b"three"]
+    await box.release([item_id for item_id, _ in taken])
+    assert await box.size() == 0
+    assert await box.claim("replica-3", 10, min_idle_seconds=0) == []
+
+
+def test_drafts_round_trip_through_the_outbox_encoding() -> None:
+    draft = FindingDraft(
+        key_id="00112233445566aa",
+        recipient_tenant="b",
+        recipient_request_id="r-b",
+        source_tenant="a",
+        source_request_ids=["r-a"],
+        response_at=datetime(2026, 12, 2, 10, 0, tzinfo=UTC),
+        model="m",
+        deployment="d",
+        node=None,
+        prompt_tokens=700_001,
+        response_tokens=120,
+        matched_fingerprints=9,
+        longest_run_words=44,
+        score=0.31,
+        severity="high",
+        evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
+    )
+    assert decode_draft(encode_draft(draft)) == draft
+
+
+async def post(api: Api, *exchanges: dict[str, Any]) -> httpx.Response:
+    return await api.client.post("/v1/exchanges", json={"exchanges": list(exchanges)}, headers=api.headers(Role.INGEST))
+
+
+async def findings(api: Api) -> list[dict[str, Any]]:
+    resp = await api.client.get("/v1/findings", headers=api.headers(Role.READ))
+    assert resp.status_code == 200, resp.text
+    items: list[dict[str, Any]] = resp.json()["items"]
+    return items
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], seconds: float = 30.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            result = await check()
+            if result:
+                return result
+        except (httpx.HTTPError, AssertionError):
+            pass
+        assert time.monotonic() < deadline, "not in time"
+        await asyncio.sleep(0.2)
+
+
+def through(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)
+    netloc = (host[0] + "@" if len(host) == 2 else "") + f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@pytest.mark.parametrize("settings", ["redis+postgres"], indirect=True)
+async def test_findings_made_while_postgres_is_down_are_written_when_it_is_back(settings: Settings) -> None:
+    assert settings.database_url is not None
+    target = urlsplit(settings.database_url)
+    with tcp_proxy(target.hostname or "127.0.0.1", target.port or 5432) as proxy:
+        via_proxy = settings.model_copy(update={"database_url": through(settings.database_url, proxy.port)})
+        now = time.time()
+        source = exchange("tenant-a", "r-a", words("argparse"), words("json", 0, 30), now)
+        leak = exchange("tenant-b", "r-b", words("csv"), words("heapq", 0, 30) + " " + words("argparse", 60, 110), now)
+        more = exchange("tenant-a", "r-a2", words("argparse", 50, 130), words("json", 30, 60), now)
+        async with running_api(via_proxy) as api:
+            assert (await post(api, source)).status_code == 202
+
+            proxy.cut()  # PostgreSQL goes away; Redis stays
+            answer = await post(api, leak)
+            assert answer.status_code == 202, answer.text
+            assert answer.json() == {"accepted": 1, "duplicates": 0, "findings": 1}
+            # More of the source arrives: the same response is evaluated again, held again.
+            assert (await post(api, more)).status_code == 202
+            assert (await post(api, leak)).json()["duplicates"] == 1
+            outbox = api.client._transport.app.state.deps.index.outbox()  # type: ignore[attr-defined]
+            assert await outbox.size() >= 1
+            ready = await api.client.get("/readyz")
+            assert (ready.status_code, ready.json()["checks"]["database"]) == (503, "unreachable")
+            assert (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).status_code == 503
+
+            proxy.restore()
+            found = await eventually(lambda: findings(api))
+            assert [(f["source_tenant"], f["recipient_request_id"]) for f in found] == [("tenant-a", "r-b")]
+            await eventually(lambda: _empty(outbox))
+            assert len(await findings(api)) == 1  # written twice (two held evaluations), one row
+
+
+async def _empty(box: Any) -> bool:
+    return bool(await box.size() == 0)
+
+
+@pytest.mark.parametrize("settings", ["embedded", "redis+postgres"], indirect=True)
+async def test_a_crash_before_the_finding_is_written_is_made_good_by_the_retry(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real_upsert = outbox_module.store.upsert
+    failures = []
+
+    async def crash_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the replica dies between indexing and writing the finding")
+        return await real_upsert(*args, **kwargs)
+
+    monkeypatch.setattr(outbox_module.store, "upsert", crash_once)
+    if settings.database_url is not None:
+        truncate(settings.database_url)
+    now = time.time()
+    source = exchange("tenant-a", "r-a", words("argparse"), words("json", 0, 30), now)
+    leak = exchange("tenant-b", "r-b", words("csv"), words("argparse", 60, 110), now)
+    async with running_api(settings) as api:
+        app = api.client._transport.app  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # a crash is a 500, as on a server
+        async with BleedwatchClient(
+            "http://bleedwatch.test", api.tokens[Role.INGEST], transport=transport, max_backoff_seconds=0.1
+        ) as client:
+            result = await client.send([source, leak])
+        assert failures == [1]
+        # The first attempt indexed everything but wrote no finding and no idempotency mark.
+        assert result == {"accepted": 2, "duplicates": 0, "findings": 1}
+        found = await findings(api)
+        assert [(f["source_tenant"], f["recipient_request_id"]) for f in found] == [("tenant-a", "r-b")]
+        assert (await post(api, source, leak)).json() == {"accepted": 0, "duplicates": 2, "findings": 0}

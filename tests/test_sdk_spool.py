@@ -1,0 +1,200 @@
+"""The SDK's spool (a bounded local file) and what the client does when the service is away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from service import metrics
+from service.auth.keys import Role
+from service.sdk.client import BleedwatchClient
+from service.sdk.spool import HEADER, Spool
+from tests.conftest import Api
+from tests.traffic import exchange, words
+
+pytestmark = pytest.mark.anyio
+
+
+def test_records_survive_reopening_and_delivered_ones_stay_delivered(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.spool")
+    assert spool.append(b'{"exchanges":[1]}', 1)
+    assert spool.append(b'{"exchanges":[2,3]}', 2)
+    assert spool.pending_exchanges == 3
+    first = spool.peek()
+    assert first is not None
+    assert (first.payload, first.exchanges) == (b'{"exchanges":[1]}', 1)
+    spool.commit(first.end)
+    spool.close()
+
+    again = Spool(tmp_path / "s.spool")
+    assert again.pending_exchanges == 2
+    second = again.peek()
+    assert second is not None
+    assert second.payload == b'{"exchanges":[2,3]}'
+    again.commit(second.end)
+    assert not again
+    assert again.size == 0  # everything delivered: the file starts over
+    assert again.peek() is None
+    again.close()
+
+
+def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
+    path = tmp_path / "s.spool"
+    spool = Spool(path)
+    spool.append(b"whole", 1)
+    spool.close()
+    with open(path, "ab") as f:  # a crash in the middle of the next append
+        f.write(HEADER.pack(100, 1, 0) + b"only part of it")
+    again = Spool(path)
+    record = again.peek()
+    assert record is not None
+    assert record.payload == b"whole"
+    assert again.size == record.end == path.stat().st_size
+    assert again.append(b"next", 1)
+    again.commit(record.end)
+    nxt = again.peek()
+    assert nxt is not None
+    assert nxt.payload == b"next"
+    again.close()
+
+
+def test_the_cap_refuses_appends_that_would_pass_it(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.spool", max_bytes=HEADER.size * 2 + 10, fsync="never")
+    assert spool.append(b"12345", 1)
+    assert not spool.append(b"123456", 1)  # one byte too many
+    assert spool.append(b"12345", 1)
+    assert not spool.append(b"", 1)
+    assert spool.pending_exchanges == 2
+    spool.close()
+
+
+@dataclass
+class Sidecar:
+    """The service as a mock transport: up or down (connection refused), recording what it got."""
+
+    up: bool = True
+    batches: list[list[str]] = field(default_factory=list)
+    drop_reports: list[dict[str, Any]] = field(default_factory=list)
+    seen_ids: set[str] = field(default_factory=set)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if not self.up:
+            raise httpx.ConnectError("connection refused", request=request)
+        body = orjson.loads(request.content)
+        if request.url.path == "/v1/sdk/drops":
+            self.drop_reports.append(body)
+            return httpx.Response(202, json={"counted": body["count"]})
+        ids = [ex["request_id"] for ex in body["exchanges"]]
+        self.batches.append(ids)
+        fresh = [i for i in ids if i not in self.seen_ids]
+        self.seen_ids.update(ids)
+        return httpx.Response(202, json={"accepted": len(fresh), "duplicates": len(ids) - len(fresh), "findings": 0})
+
+    def client(self, **kwargs: Any) -> BleedwatchClient:
+        options: dict[str, Any] = {"max_attempts": 2, "max_backoff_seconds": 0.01, "flush_seconds": 0.05}
+        return BleedwatchClient("http://bw", "bw_k_s", transport=httpx.MockTransport(self.handle), **(options | kwargs))
+
+
+def exchanges(n: int, prefix: str = "r") -> list[dict[str, Any]]:
+    return [exchange("acme", f"{prefix}-{i}", words("json", 0, 40), words("csv", 0, 40), time.time()) for i in range(n)]
+
+
+async def eventually(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_batches_wait_in_the_spool_while_the_service_is_away(tmp_path: Path) -> None:
+    sidecar = Sidecar(up=False)
+    client = sidecar.client(batch_size=3, spool=tmp_path / "bw.spool")
+    async with client:
+        for ex in exchanges(7):
+            await client.submit(ex)
+        spool = client.spool
+        assert spool is not None
+        await eventually(lambda: spool.pending_exchanges == 7)
+        assert client.dropped == 0
+        sidecar.up = True
+        await eventually(lambda: not spool and client.accepted == 7)
+    assert sorted(sidecar.seen_ids) == sorted(f"r-{i}" for i in range(7))
+    assert client.dropped == 0
+    assert (tmp_path / "bw.spool").stat().st_size == 0
+
+
+async def test_a_spool_left_by_an_earlier_process_is_replayed(tmp_path: Path) -> None:
+    earlier = Spool(tmp_path / "bw.spool")
+    earlier.append(orjson.dumps({"exchanges": exchanges(2, "old")}), 2)
+    earlier.close()
+    sidecar = Sidecar()
+    async with sidecar.client(spool=tmp_path / "bw.spool") as client:
+        await eventually(lambda: client.accepted == 2)
+    assert sidecar.seen_ids == {"old-0", "old-1"}
+
+
+async def test_only_what_neither_spool_nor_queue_can_hold_is_dropped_counted_and_reported_once(
+    tmp_path: Path,
+) -> None:
+    sidecar = Sidecar(up=False)
+    one_batch = len(orjson.dumps({"exchanges": exchanges(2)})) + HEADER.size
+    spool = Spool(tmp_path / "bw.spool", max_bytes=one_batch + 100, fsync="never")
+    async with sidecar.client(batch_size=2, max_pending=2, spool=spool) as client:
+        for ex in exchanges(6):  # the spool holds one batch of two, the queue two more
+            await client.submit(ex)
+        await eventually(lambda: client.dropped == 2 and spool.pending_exchanges == 2)
+        sidecar.up = True
+        await eventually(lambda: client.accepted == 4 and len(sidecar.drop_reports) == 1)
+    assert sidecar.drop_reports[0]["count"] == 2
+    assert len(sidecar.drop_reports) == 1  # acknowledged: never sent again
+    assert client.dropped == 2
+    assert len(sidecar.seen_ids) == 4
+
+
+async def test_submit_text_returns_before_the_hashing_is_done() -> None:
+    sidecar = Sidecar()
+    async with sidecar.client(batch_size=100, flush_seconds=60) as client:
+        text = " ".join([words("argparse")] * 50)
+        start = time.perf_counter()
+        for i in range(20):
+            await client.submit_text(text, text, key=bytes(32), tenant="acme", request_id=f"t-{i}", model="m")
+        handed_over = time.perf_counter() - start
+        assert client.pending == 20
+        await client.flush()
+        assert client.accepted == 20
+    assert handed_over >= 0  # measured in bench/sdk_overhead.py; here only that it did not wait for the sends
+    assert sum(len(b) for b in sidecar.batches) == 20
+
+
+async def test_a_very_long_text_is_fingerprinted_in_a_worker_process() -> None:
+    sidecar = Sidecar()
+    long_prompt = " ".join([words("argparse")] * 200)  # past LONG_TEXT_CHARS
+    async with sidecar.client(flush_seconds=60) as client:
+        await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="long", model="m")
+        await client.submit_text("short", "ok", key=bytes(32), tenant="acme", request_id="short", model="m")
+        await client.flush()
+        assert client.accepted == 2
+    assert sidecar.seen_ids == {"long", "short"}
+
+
+@pytest.mark.parametrize("settings", ["embedded", "redis+postgres"], indirect=True)
+async def test_drop_reports_feed_the_metric_once_each(api: Api) -> None:
+    before = metrics.SDK_DROPPED._value.get()
+    headers = api.headers(Role.INGEST)
+    report = {"report_id": "0123456789abcdef", "count": 7}
+    first = await api.client.post("/v1/sdk/drops", json=report, headers=headers)
+    assert (first.status_code, first.json()) == (202, {"counted": 7})
+    again = await api.client.post("/v1/sdk/drops", json=report, headers=headers)  # the SDK retried
+    assert (again.status_code, again.json()) == (202, {"counted": 0})
+    assert metrics.SDK_DROPPED._value.get() - before == 7
+    bad = await api.client.post("/v1/sdk/drops", json={"report_id": "x", "count": 0}, headers=headers)
+    assert bad.status_code == 422
+    assert (await api.client.post("/v1/sdk/drops", json=report, headers=api.headers(Role.READ))).status_code == 403
