@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import random
 import sys
+import types
 import warnings
 
 
@@ -16,7 +17,9 @@ def docstrings(min_words: int = 40) -> list[list[str]]:
     """Word lists of every stdlib module, class and function docstring with at least ``min_words``.
 
     Only the standard library (``sys.stdlib_module_names``), so the corpus is the same on every
-    machine with the same Python, whatever else is installed or on the path.
+    machine with the same Python, whatever else is installed or on the path. Submodules found
+    as a package's attributes are skipped: which of them are there depends on what the process
+    imported before (the evaluation's traffic must not change with its imports).
     """
     out: list[list[str]] = []
     seen: set[str] = set()
@@ -29,7 +32,7 @@ def docstrings(min_words: int = 40) -> list[list[str]]:
                 module = importlib.import_module(name)
             except Exception:  # noqa: S112 - optional modules missing on this platform
                 continue
-            for obj in [module, *vars(module).values()]:
+            for obj in [module, *(v for v in vars(module).values() if not isinstance(v, types.ModuleType))]:
                 doc = getattr(obj, "__doc__", None)
                 if isinstance(doc, str) and doc not in seen:
                     seen.add(doc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from service.fingerprint.scheme import Params
@@ -10,8 +12,10 @@ from service.matching.evidence import (
     Match,
     Run,
     Thresholds,
+    chains,
     coverage,
     is_finding,
+    longest,
     runs,
     severity,
     with_purity,
@@ -71,11 +75,68 @@ def test_purity_counts_only_fingerprints_that_could_have_matched() -> None:
 
 def test_the_finding_rule_needs_fingerprints_length_and_purity() -> None:
     good = Run(0, 16, 1, 0, 16, 3, purity=0.9)
-    assert is_finding([good], T)
-    assert not is_finding([Run(0, 16, 1, 0, 16, 1, purity=1.0)], T)  # one shingle is a coincidence
-    assert not is_finding([Run(0, 9, 1, 0, 9, 2, purity=1.0)], T)  # too short
-    assert not is_finding([Run(0, 40, 1, 0, 40, 2, purity=0.3)], T)  # a shared template with holes
-    assert is_finding([Run(0, 9, 1, 0, 9, 2), good], T)
+    assert is_finding([good], T, 4, 6)
+    assert not is_finding([Run(0, 16, 1, 0, 16, 1, purity=1.0)], T, 4, 6)  # one shingle is a coincidence
+    assert not is_finding([Run(0, 9, 1, 0, 9, 2, purity=1.0)], T, 4, 6)  # too short
+    assert not is_finding([Run(0, 40, 1, 0, 40, 2, purity=0.3)], T, 4, 6)  # a shared template with holes
+    assert is_finding([Run(0, 9, 1, 0, 9, 2), good], T, 4, 6)
+
+
+def test_a_phrase_the_source_repeats_does_not_cut_the_copy() -> None:
+    # The index holds a fingerprint's first offset in a document: the shingle at response 8
+    # occurs twice in the source, and points back to the first occurrence (source 20).
+    matches = [Match(0, 1, 300), Match(4, 1, 304), Match(8, 1, 20), Match(12, 1, 312), Match(16, 1, 316)]
+    main = max(runs(matches, P, {1: P}), key=lambda r: r.fingerprints)
+    assert (main.start, main.end, main.source_start, main.fingerprints) == (0, 20, 300, 4)
+    offsets = np.array([0, 4, 8, 12, 16], dtype=np.uint32)
+    values, counted = np.arange(5, dtype=np.uint64), np.ones(5, dtype=bool)
+    assert with_purity(main, values, offsets, counted, 4, P).purity == 4 / 5
+    assert with_purity(main, values, offsets, counted, 4, P, matches).purity == 1.0
+    # ... but a match *later* in the source than the diagonal is another place, not a repeat.
+    elsewhere = [*matches[:2], Match(8, 1, 900), *matches[3:]]
+    main = max(runs(elsewhere, P, {1: P}), key=lambda r: r.fingerprints)
+    assert with_purity(main, values, offsets, counted, 4, P, elsewhere).purity == 4 / 5
+
+
+def pure(start: int, end: int, source_start: int, doc: int = 1, fingerprints: int = 2) -> Run:
+    return Run(start, end, doc, source_start, source_start + end - start, fingerprints, 1.0)
+
+
+def test_fragments_of_one_source_span_interleaved_with_other_text_are_one_chain() -> None:
+    fragments = [pure(0, 6, 100), pure(26, 32, 106), pure(50, 56, 112)]  # source 100-118, in three pieces
+    assert [len(c) for c in chains(fragments, 4, 6)] == [3]
+    assert is_finding(fragments, T, 4, 6)
+    assert longest(fragments, T, 4, 6) == 18
+    assert not any(is_finding([f], T, 4, 6) for f in fragments)  # each alone is too short
+
+
+def test_a_template_filled_differently_is_not_a_chain() -> None:
+    # "fix X for Y" / "fix Z for Y": the slot is in the source too, about as long.
+    slot = [pure(0, 6, 100), pure(12, 18, 112)]
+    assert [len(c) for c in chains(slot, 4, 6)] == [1, 1]
+    # The source pieces far apart: two places of the source, not one span.
+    apart = [pure(0, 6, 100), pure(26, 32, 300)]
+    assert [len(c) for c in chains(apart, 4, 6)] == [1, 1]
+    # The same spot of the source matched again further on: a repeated phrase.
+    again = [pure(0, 6, 100), pure(26, 32, 100)]
+    assert [len(c) for c in chains(again, 4, 6)] == [1, 1]
+    assert not is_finding(slot + apart + again, T, 4, 6)
+
+
+def test_a_span_known_from_two_documents_of_the_tenant_is_one_chain() -> None:
+    # The tenant sent the first half before with other neighbours: the index names that doc for it.
+    halves = [pure(0, 7, 500, doc=1), pure(8, 14, 40, doc=2)]
+    assert [len(c) for c in chains(halves, 4, 6)] == [2]
+    assert is_finding(halves, T, 4, 6)
+    far = [pure(0, 7, 500, doc=1), pure(30, 36, 40, doc=2)]  # not adjacent in the response
+    assert not is_finding(far, T, 4, 6)
+
+
+def test_a_run_with_holes_does_not_spoil_the_good_run_next_to_it() -> None:
+    good = pure(0, 30, 100, fingerprints=8)
+    holed = replace(pure(32, 40, 132), purity=0.3)  # a template's ends, right after the copy
+    assert is_finding([good, holed], T, 4, 6)
+    assert longest([good, holed], T, 4, 6) == 30
 
 
 def test_coverage_merges_overlapping_runs() -> None:
@@ -89,3 +150,13 @@ def test_severity_levels() -> None:
     assert severity(32, T) == "high"
     assert severity(128, T) == "critical"
     assert severity(12, T, canary=True) == "critical"
+
+
+def test_a_long_run_may_have_the_holes_of_a_few_substituted_words() -> None:
+    # 32 words with two words substituted: 8 of 14 possible fingerprints matched.
+    long_copy = replace(pure(0, 40, 100, fingerprints=8), purity=8 / 14)
+    assert is_finding([long_copy], T, 4, 6)
+    # A template's runs are short: the same share of holes with few matches is not a copy.
+    template = replace(pure(0, 20, 100, fingerprints=4), purity=4 / 7)
+    assert not is_finding([template], T, 4, 6)
+    assert not is_finding([replace(long_copy, purity=0.4)], T, 4, 6)

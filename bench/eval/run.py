@@ -124,6 +124,11 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
         ],
         "detected": detected,
         "leaks": len(traffic.leaks),
+        "missed": [
+            f"{leak.span}/{leak.perturbation} {leak.source_request} -> {leak.recipient_request}"
+            for leak in traffic.leaks
+            if (f := by_recipient.get(leak.recipient_request)) is None or f["source_tenant"] != leak.source_tenant
+        ],
     }
 
 

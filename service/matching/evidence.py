@@ -6,6 +6,7 @@ the reasoning and the measured effect of each threshold.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,6 +20,9 @@ from service.fingerprint.scheme import Params
 GAP_TOKENS = 64
 # ... and the source may drift by this many tokens against the response (inserted or dropped words).
 SHIFT_TOLERANCE = 8
+# A run of this many matched fingerprints needs only this purity (see _no_holes).
+LONG_RUN_FINGERPRINTS = 6
+LONG_RUN_PURITY = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +69,10 @@ def _stride(params: Params, offset: int) -> int:
 def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> list[Run]:
     """Group matches into runs: same source doc, close together, on the same diagonal.
 
-    A leak copies a contiguous span, so response and source offsets advance together; a match
-    that jumps in the source, or comes after a longer gap than the sampling allows, starts a
-    new run. Fragments of one source interleaved with other text become separate runs.
+    A leak copies a contiguous span, so response and source offsets advance together. A match
+    that does not continue any open run starts one of its own without ending the others: the
+    index keeps one offset per document, so a shingle that occurs twice in the source points
+    back to its first occurrence, and must not cut the copy it sits in into two halves.
     """
     out: list[Run] = []
     by_doc: dict[int, list[Match]] = {}
@@ -76,22 +81,74 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
     for doc, ms in by_doc.items():
         source = sources[doc]
         ms.sort(key=lambda m: m.response_offset)
-        group: list[Match] = []
+        groups: list[list[Match]] = []
         for m in ms:
-            if group:
+            best, drift = None, SHIFT_TOLERANCE + 1
+            for group in groups:
                 prev = group[-1]
                 gap = m.response_offset - prev.response_offset
                 advance = m.source_offset - prev.source_offset
                 allowed = max(_stride(response, prev.response_offset), _stride(source, prev.source_offset))
                 # A copy moves forward in both texts together; a repeated phrase in the
                 # response matching one spot of the source again does not.
-                if gap > allowed or advance <= 0 or abs(gap - advance) > SHIFT_TOLERANCE:
-                    out.append(_run(doc, group, response.n))
-                    group = []
-            group.append(m)
-        if group:
-            out.append(_run(doc, group, response.n))
+                if gap <= allowed and advance > 0 and abs(gap - advance) < drift:
+                    best, drift = group, abs(gap - advance)
+            if best is None:
+                groups.append([m])
+            else:
+                best.append(m)
+        out += [_run(doc, group, response.n) for group in groups]
     return sorted(out, key=lambda r: (r.start, r.source_doc))
+
+
+def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
+    """Runs of one source tenant that together copy one stretch of its text.
+
+    Two cases make one copy look like several runs:
+
+    - fragments of a source span interleaved with other text: consecutive runs of one document
+      whose source ranges abut (up to the n + w tokens a fragment loses at its edges) while the
+      response has more than ``SHIFT_TOLERANCE`` tokens inserted between them (with fewer, they
+      would be one run);
+    - a span the index knows from two of the tenant's documents (it holds each fingerprint's
+      first prompt, and the tenant sent parts of the span before, with other neighbours): runs
+      of different documents that abut in the response.
+
+    A template filled differently on both sides ("fix X for Y" / "fix Z for Y") is neither: its
+    slot is in the source too, so the source ranges do not abut, or the response's slot is
+    about as long as the source's.
+    """
+    edge = n + w
+    out: list[list[Run]] = []
+    for run in sorted(found, key=lambda r: (r.start, -r.end)):
+        best: list[Run] | None = None
+        for chain in out:
+            last = chain[-1]
+            if run.end <= last.end:
+                continue  # inside a run already taken: a repeated shingle
+            gap = run.start - last.end
+            if run.source_doc == last.source_doc:
+                source_gap = run.source_start - last.source_end
+                joins = -n < source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS
+            else:
+                joins = -n < gap <= edge
+            if joins and (best is None or _tokens(chain) > _tokens(best)):
+                best = chain
+        if best is None:
+            out.append([run])
+        else:
+            best.append(run)
+    return out
+
+
+def _tokens(chain: list[Run]) -> int:
+    """Response tokens the chain's runs cover (their overlaps counted once)."""
+    covered, reach = 0, 0
+    for r in chain:
+        start = max(r.start, reach)
+        covered += max(0, r.end - start)
+        reach = max(reach, r.end)
+    return covered
 
 
 def _run(doc: int, group: list[Match], n: int) -> Run:
@@ -112,6 +169,7 @@ def with_purity(
     counted: npt.NDArray[np.bool_],
     n: int,
     source: Params,
+    doc_matches: list[Match] | None = None,
 ) -> Run:
     """The run's share of the response fingerprints it spans that could have matched.
 
@@ -119,13 +177,29 @@ def with_purity(
     template ("fix X for Y" / "fix Z for Y") match its ends and miss the middle. Fingerprints
     that could not count are left out of the share: common, allowlisted or self-echo ones, and
     those the source's sampling dropped (only values divisible by its ``sample_mod`` survive).
+
+    ``doc_matches`` (the run's source document's matches, by response offset) adds those that
+    matched the document *before* their place on the run's diagonal: the index keeps a
+    fingerprint's first offset in a document, so a phrase the source repeats points back to its
+    first occurrence, and is still part of the copy.
     """
     lo = int(np.searchsorted(offsets, run.start, "left"))
     hi = int(np.searchsorted(offsets, run.end - n, "right"))
     possible = counted[lo:hi]
     if source.sample_mod > 1 and run.source_start >= source.sample_after:
         possible = possible & (values[lo:hi] % np.uint64(source.sample_mod) == 0)
-    return replace(run, purity=run.fingerprints / max(int(possible.sum()), run.fingerprints))
+    matched = run.fingerprints
+    if doc_matches:
+        diagonal = run.source_start - run.start
+        first = bisect.bisect_left(doc_matches, run.start, key=lambda m: m.response_offset)
+        inside = set()
+        for m in doc_matches[first:]:
+            if m.response_offset > run.end - n:
+                break
+            if m.source_offset <= m.response_offset + diagonal + SHIFT_TOLERANCE:
+                inside.add(m.response_offset)
+        matched = max(matched, len(inside))
+    return replace(run, purity=matched / max(int(possible.sum()), matched))
 
 
 def coverage(found: list[Run], response_tokens: int) -> float:
@@ -149,8 +223,27 @@ def severity(longest_run: int, t: Thresholds, *, canary: bool = False) -> str:
     return "low"
 
 
-def is_finding(found: list[Run], t: Thresholds) -> bool:
-    """More than a coincidence: one run with several fingerprints, a real length, and no holes."""
+def _no_holes(run: Run, t: Thresholds) -> bool:
+    """Pure enough to be a copy: ``min_purity``, or less for a run with many matches.
+
+    A substituted word costs up to n shingles, so a long copy with a few substitutions can fall
+    below ``min_purity`` while no template does: a template's shared stretches between its slots
+    are short, so its runs have few fingerprints.
+    """
+    if run.fingerprints >= LONG_RUN_FINGERPRINTS:
+        return run.purity >= LONG_RUN_PURITY
+    return run.purity >= t.min_purity
+
+
+def longest(found: list[Run], t: Thresholds, n: int, w: int) -> int:
+    """Tokens of the longest chain of runs without holes: the copy's length, for severity."""
+    pure = [r for r in found if _no_holes(r, t)]
+    return max((_tokens(c) for c in chains(pure, n, w)), default=0)
+
+
+def is_finding(found: list[Run], t: Thresholds, n: int, w: int) -> bool:
+    """More than a coincidence: a chain of runs without holes, with several fingerprints and a real length."""
+    pure = [r for r in found if _no_holes(r, t)]
     return any(
-        r.fingerprints >= t.min_matched and r.tokens >= t.min_run_tokens and r.purity >= t.min_purity for r in found
+        sum(r.fingerprints for r in c) >= t.min_matched and _tokens(c) >= t.min_run_tokens for c in chains(pure, n, w)
     )

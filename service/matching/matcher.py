@@ -23,7 +23,17 @@ from service import metrics, tracing
 from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
-from service.matching.evidence import Match, Run, Thresholds, coverage, is_finding, runs, severity, with_purity
+from service.matching.evidence import (
+    Match,
+    Run,
+    Thresholds,
+    coverage,
+    is_finding,
+    longest,
+    runs,
+    severity,
+    with_purity,
+)
 from service.matching.known import Known, KnownFingerprints
 
 CANARY_PARAMS = Params(sample_mod=1)
@@ -139,12 +149,23 @@ class Matcher:
         summaries = []
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
+            by_doc: dict[int, list[Match]] = {}
+            for m in sorted(kept, key=lambda m: m.response_offset):
+                by_doc.setdefault(m.source_doc, []).append(m)
             found_runs = [
-                with_purity(r, meta.values, meta.offsets, counted, meta.params.n, sources[r.source_doc].params)
+                with_purity(
+                    r,
+                    meta.values,
+                    meta.offsets,
+                    counted,
+                    meta.params.n,
+                    sources[r.source_doc].params,
+                    by_doc[r.source_doc],
+                )
                 for r in runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
             ]
-            if kept and is_finding(found_runs, self._t):
-                summaries.append(_summarise(kept, found_runs, sources, meta.token_count))
+            if kept and is_finding(found_runs, self._t, meta.params.n, meta.params.w):
+                summaries.append(_summarise(kept, found_runs, sources, meta.token_count, self._t, meta.params))
         if not summaries:
             return None
         # Canaries first, then the source with the most evidence.
@@ -211,13 +232,20 @@ class Summary:
         }
 
 
-def _summarise(matches: list[Match], found: list[Run], sources: dict[int, Source], tokens: int) -> Summary:
+def _summarise(
+    matches: list[Match],
+    found: list[Run],
+    sources: dict[int, Source],
+    tokens: int,
+    thresholds: Thresholds,
+    params: Params,
+) -> Summary:
     first = sources[found[0].source_doc]
     return Summary(
         tenant=first.tenant,
         canary=first.canary,
         matched=len(matches),
-        longest=max(r.tokens for r in found),
+        longest=longest(found, thresholds, params.n, params.w),
         coverage=round(coverage(found, tokens), 4),
         request_ids=sorted({sources[r.source_doc].request_id for r in found}),
         offsets=tuple(m.response_offset for m in matches),
