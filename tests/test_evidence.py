@@ -13,6 +13,7 @@ from service.matching.evidence import (
     Run,
     Thresholds,
     chains,
+    copies,
     coverage,
     is_finding,
     longest,
@@ -75,11 +76,11 @@ def test_purity_counts_only_fingerprints_that_could_have_matched() -> None:
 
 def test_the_finding_rule_needs_fingerprints_length_and_purity() -> None:
     good = Run(0, 16, 1, 0, 16, 3, purity=0.9)
-    assert is_finding([good], T, 4, 6)
-    assert not is_finding([Run(0, 16, 1, 0, 16, 1, purity=1.0)], T, 4, 6)  # one shingle is a coincidence
-    assert not is_finding([Run(0, 9, 1, 0, 9, 2, purity=1.0)], T, 4, 6)  # too short
-    assert not is_finding([Run(0, 40, 1, 0, 40, 2, purity=0.3)], T, 4, 6)  # a shared template with holes
-    assert is_finding([Run(0, 9, 1, 0, 9, 2), good], T, 4, 6)
+    assert is_finding(copies([good], T, 4, 6), T)
+    assert not is_finding(copies([Run(0, 16, 1, 0, 16, 1, purity=1.0)], T, 4, 6), T)  # one shingle is a coincidence
+    assert not is_finding(copies([Run(0, 9, 1, 0, 9, 2, purity=1.0)], T, 4, 6), T)  # too short
+    assert not is_finding(copies([Run(0, 40, 1, 0, 40, 2, purity=0.3)], T, 4, 6), T)  # a shared template with holes
+    assert is_finding(copies([Run(0, 9, 1, 0, 9, 2), good], T, 4, 6), T)
 
 
 def test_a_phrase_the_source_repeats_does_not_cut_the_copy() -> None:
@@ -105,9 +106,9 @@ def pure(start: int, end: int, source_start: int, doc: int = 1, fingerprints: in
 def test_fragments_of_one_source_span_interleaved_with_other_text_are_one_chain() -> None:
     fragments = [pure(0, 6, 100), pure(26, 32, 106), pure(50, 56, 112)]  # source 100-118, in three pieces
     assert [len(c) for c in chains(fragments, 4, 6)] == [3]
-    assert is_finding(fragments, T, 4, 6)
-    assert longest(fragments, T, 4, 6) == 18
-    assert not any(is_finding([f], T, 4, 6) for f in fragments)  # each alone is too short
+    assert is_finding(copies(fragments, T, 4, 6), T)
+    assert longest(copies(fragments, T, 4, 6)) == 18
+    assert not any(is_finding(copies([f], T, 4, 6), T) for f in fragments)  # each alone is too short
 
 
 def test_a_template_filled_differently_is_not_a_chain() -> None:
@@ -120,23 +121,23 @@ def test_a_template_filled_differently_is_not_a_chain() -> None:
     # The same spot of the source matched again further on: a repeated phrase.
     again = [pure(0, 6, 100), pure(26, 32, 100)]
     assert [len(c) for c in chains(again, 4, 6)] == [1, 1]
-    assert not is_finding(slot + apart + again, T, 4, 6)
+    assert not is_finding(copies(slot + apart + again, T, 4, 6), T)
 
 
 def test_a_span_known_from_two_documents_of_the_tenant_is_one_chain() -> None:
     # The tenant sent the first half before with other neighbours: the index names that doc for it.
     halves = [pure(0, 7, 500, doc=1), pure(8, 14, 40, doc=2)]
     assert [len(c) for c in chains(halves, 4, 6)] == [2]
-    assert is_finding(halves, T, 4, 6)
+    assert is_finding(copies(halves, T, 4, 6), T)
     far = [pure(0, 7, 500, doc=1), pure(30, 36, 40, doc=2)]  # not adjacent in the response
-    assert not is_finding(far, T, 4, 6)
+    assert not is_finding(copies(far, T, 4, 6), T)
 
 
 def test_a_run_with_holes_does_not_spoil_the_good_run_next_to_it() -> None:
     good = pure(0, 30, 100, fingerprints=8)
     holed = replace(pure(32, 40, 132), purity=0.3)  # a template's ends, right after the copy
-    assert is_finding([good, holed], T, 4, 6)
-    assert longest([good, holed], T, 4, 6) == 30
+    assert is_finding(copies([good, holed], T, 4, 6), T)
+    assert longest(copies([good, holed], T, 4, 6)) == 30
 
 
 def test_coverage_merges_overlapping_runs() -> None:
@@ -155,8 +156,8 @@ def test_severity_levels() -> None:
 def test_a_long_run_may_have_the_holes_of_a_few_substituted_words() -> None:
     # 32 words with two words substituted: 8 of 14 possible fingerprints matched.
     long_copy = replace(pure(0, 40, 100, fingerprints=8), purity=8 / 14)
-    assert is_finding([long_copy], T, 4, 6)
+    assert is_finding(copies([long_copy], T, 4, 6), T)
     # A template's runs are short: the same share of holes with few matches is not a copy.
     template = replace(pure(0, 20, 100, fingerprints=4), purity=4 / 7)
-    assert not is_finding([template], T, 4, 6)
-    assert not is_finding([replace(long_copy, purity=0.4)], T, 4, 6)
+    assert not is_finding(copies([template], T, 4, 6), T)
+    assert not is_finding(copies([replace(long_copy, purity=0.4)], T, 4, 6), T)

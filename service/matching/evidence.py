@@ -66,6 +66,14 @@ def _stride(params: Params, offset: int) -> int:
     return max(GAP_TOKENS, 3 * params.w) * sampled
 
 
+def by_doc(matches: list[Match]) -> dict[int, list[Match]]:
+    """Matches per source document, in response order."""
+    out: dict[int, list[Match]] = {}
+    for m in sorted(matches, key=lambda m: m.response_offset):
+        out.setdefault(m.source_doc, []).append(m)
+    return out
+
+
 def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> list[Run]:
     """Group matches into runs: same source doc, close together, on the same diagonal.
 
@@ -75,12 +83,8 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
     back to its first occurrence, and must not cut the copy it sits in into two halves.
     """
     out: list[Run] = []
-    by_doc: dict[int, list[Match]] = {}
-    for m in matches:
-        by_doc.setdefault(m.source_doc, []).append(m)
-    for doc, ms in by_doc.items():
+    for doc, ms in by_doc(matches).items():
         source = sources[doc]
-        ms.sort(key=lambda m: m.response_offset)
         groups: list[list[Match]] = []
         for m in ms:
             best, drift = None, SHIFT_TOLERANCE + 1
@@ -141,13 +145,14 @@ def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
     return out
 
 
-def _tokens(chain: list[Run]) -> int:
-    """Response tokens the chain's runs cover (their overlaps counted once)."""
+def _tokens(found: list[Run]) -> int:
+    """Response tokens the runs cover, their overlaps counted once."""
     covered, reach = 0, 0
-    for r in chain:
+    for r in sorted(found, key=lambda r: r.start):
         start = max(r.start, reach)
-        covered += max(0, r.end - start)
-        reach = max(reach, r.end)
+        if r.end > start:
+            covered += r.end - start
+            reach = r.end
     return covered
 
 
@@ -206,13 +211,7 @@ def coverage(found: list[Run], response_tokens: int) -> float:
     """Share of the response's tokens inside matched runs."""
     if response_tokens <= 0:
         return 0.0
-    covered, reach = 0, 0
-    for r in sorted(found, key=lambda r: r.start):
-        start = max(r.start, reach)
-        if r.end > start:
-            covered += r.end - start
-            reach = r.end
-    return min(1.0, covered / response_tokens)
+    return min(1.0, _tokens(found) / response_tokens)
 
 
 def severity(longest_run: int, t: Thresholds, *, canary: bool = False) -> str:
@@ -235,15 +234,16 @@ def _no_holes(run: Run, t: Thresholds) -> bool:
     return run.purity >= t.min_purity
 
 
-def longest(found: list[Run], t: Thresholds, n: int, w: int) -> int:
-    """Tokens of the longest chain of runs without holes: the copy's length, for severity."""
-    pure = [r for r in found if _no_holes(r, t)]
-    return max((_tokens(c) for c in chains(pure, n, w)), default=0)
+def copies(found: list[Run], t: Thresholds, n: int, w: int) -> list[list[Run]]:
+    """The chains of runs without holes: what may be a copy, for ``is_finding`` and ``longest``."""
+    return chains([r for r in found if _no_holes(r, t)], n, w)
 
 
-def is_finding(found: list[Run], t: Thresholds, n: int, w: int) -> bool:
-    """More than a coincidence: a chain of runs without holes, with several fingerprints and a real length."""
-    pure = [r for r in found if _no_holes(r, t)]
-    return any(
-        sum(r.fingerprints for r in c) >= t.min_matched and _tokens(c) >= t.min_run_tokens for c in chains(pure, n, w)
-    )
+def longest(copied: list[list[Run]]) -> int:
+    """Tokens of the longest copy: its length, for severity."""
+    return max((_tokens(c) for c in copied), default=0)
+
+
+def is_finding(copied: list[list[Run]], t: Thresholds) -> bool:
+    """More than a coincidence: a copy with several fingerprints and a real length."""
+    return any(sum(r.fingerprints for r in c) >= t.min_matched and _tokens(c) >= t.min_run_tokens for c in copied)

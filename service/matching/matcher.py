@@ -27,6 +27,8 @@ from service.matching.evidence import (
     Match,
     Run,
     Thresholds,
+    by_doc,
+    copies,
     coverage,
     is_finding,
     longest,
@@ -149,9 +151,7 @@ class Matcher:
         summaries = []
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
-            by_doc: dict[int, list[Match]] = {}
-            for m in sorted(kept, key=lambda m: m.response_offset):
-                by_doc.setdefault(m.source_doc, []).append(m)
+            per_doc = by_doc(kept)
             found_runs = [
                 with_purity(
                     r,
@@ -160,12 +160,13 @@ class Matcher:
                     counted,
                     meta.params.n,
                     sources[r.source_doc].params,
-                    by_doc[r.source_doc],
+                    per_doc[r.source_doc],
                 )
                 for r in runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
             ]
-            if kept and is_finding(found_runs, self._t, meta.params.n, meta.params.w):
-                summaries.append(_summarise(kept, found_runs, sources, meta.token_count, self._t, meta.params))
+            copied = copies(found_runs, self._t, meta.params.n, meta.params.w)
+            if kept and is_finding(copied, self._t):
+                summaries.append(_summarise(kept, found_runs, longest(copied), sources, meta.token_count))
         if not summaries:
             return None
         # Canaries first, then the source with the most evidence.
@@ -233,19 +234,14 @@ class Summary:
 
 
 def _summarise(
-    matches: list[Match],
-    found: list[Run],
-    sources: dict[int, Source],
-    tokens: int,
-    thresholds: Thresholds,
-    params: Params,
+    matches: list[Match], found: list[Run], longest_copy: int, sources: dict[int, Source], tokens: int
 ) -> Summary:
     first = sources[found[0].source_doc]
     return Summary(
         tenant=first.tenant,
         canary=first.canary,
         matched=len(matches),
-        longest=longest(found, thresholds, params.n, params.w),
+        longest=longest_copy,
         coverage=round(coverage(found, tokens), 4),
         request_ids=sorted({sources[r.source_doc].request_id for r in found}),
         offsets=tuple(m.response_offset for m in matches),

@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import email.utils
+import functools
 import logging
 import multiprocessing
 import os
@@ -212,16 +213,18 @@ class BleedwatchClient:
             pool = self._threads
         future = loop.run_in_executor(
             pool,
-            _fingerprint,
-            prompt,
-            response,
-            key,
-            tenant,
-            request_id,
-            model,
-            time.time() if ts is None else ts,
-            meta,
-            params,
+            functools.partial(
+                fingerprint_exchange,
+                prompt,
+                response,
+                key=key,
+                tenant=tenant,
+                request_id=request_id,
+                model=model,
+                ts=time.time() if ts is None else ts,
+                meta=meta,
+                params=params,
+            ),
         )
         self._hashing.add(future)
         future.add_done_callback(self._hashed)
@@ -383,22 +386,6 @@ class BleedwatchClient:
                 raise
             except Exception as exc:  # the sender must outlive any single failure
                 log.error("bleedwatch: background send failed: %s", type(exc).__name__)
-
-
-def _fingerprint(
-    prompt: str,
-    response: str,
-    key: bytes,
-    tenant: str,
-    request_id: str,
-    model: str,
-    ts: float,
-    meta: dict[str, Scalar] | None,
-    params: Params,
-) -> dict[str, Any]:
-    return fingerprint_exchange(
-        prompt, response, key=key, tenant=tenant, request_id=request_id, model=model, ts=ts, meta=meta, params=params
-    )
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:
