@@ -38,12 +38,15 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import Mix, Poster, batches, chat_texts, cpu_seconds, fingerprint_all, percentile, process_tree
-from bench.service import running_service
+from bench.service import redis_nodes, running_service
 
 
-def redis_ceiling(url: str) -> float:
+def redis_ceiling(url: str, cluster: bool) -> float:
+    """``redis-benchmark -P 64 SET`` against the server; with ``cluster``, against all its masters."""
+    host, port = url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    where = ["--cluster", "-h", host, "-p", port] if cluster else ["-u", url]
     out = subprocess.run(
-        ["redis-benchmark", "-u", url, "-P", "64", "-n", "1000000", "-t", "set", "-q"],
+        ["redis-benchmark", *where, "-P", "64", "-n", "1000000", "-t", "set", "-q"],
         capture_output=True,
         text=True,
         check=True,
@@ -53,13 +56,19 @@ def redis_ceiling(url: str) -> float:
     return float(match[-1]) if match else float("nan")
 
 
-def command_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
-    return {k: (int(v["calls"]), int(v["usec"])) for k, v in client.info("commandstats").items()}
+def command_usec(nodes: list[redis.Redis]) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds per command, summed over the nodes."""
+    out: dict[str, tuple[int, int]] = {}
+    for node in nodes:
+        for k, v in node.info("commandstats").items():
+            calls, usec = out.get(k, (0, 0))
+            out[k] = (calls + int(v["calls"]), usec + int(v["usec"]))
+    return out
 
 
-def redis_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+def redis_cpu(nodes: list[redis.Redis]) -> float:
+    """CPU seconds the Redis servers have used, summed over the nodes."""
+    return sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in (n.info("cpu") for n in nodes))
 
 
 SLOW: list[tuple[float, float, int]] = []  # open loop: (latency, scheduled at, fingerprints) of each batch
@@ -135,6 +144,9 @@ def main() -> None:
     p.add_argument(
         "--shared-redis", action="store_true", help="use BLEEDWATCH_TEST_REDIS_URL, not a redis-server of its own"
     )
+    p.add_argument(
+        "--cluster-masters", type=int, default=0, help="a Redis Cluster of this many masters (at least 3) of its own"
+    )
     args = p.parse_args()
 
     mix = Mix(tenants=args.tenants, long_share=args.long_share)
@@ -154,8 +166,10 @@ def main() -> None:
     warmup, timed = requests[:warm], requests[warm:]
     timed_ex = sum(n for _, n, _ in timed)
     timed_fps = sum(f for _, _, f in timed)
-    with running_service(workers=args.workers, own_redis=not args.shared_redis) as service:
-        rclient = redis.Redis.from_url(service.redis_url)
+    with running_service(
+        workers=args.workers, own_redis=not args.shared_redis, cluster_masters=args.cluster_masters
+    ) as service:
+        nodes = redis_nodes(service.redis_url)
         port = int(service.url.rsplit(":", 1)[1])
         token = service.key("ingest")
         reader = service.key("read")
@@ -168,8 +182,8 @@ def main() -> None:
                 wire = [(poster.request(b), n, f) for b, n, f in timed]
                 await closed_loop(poster, [(poster.request(b), n, f) for b, n, f in warmup], args.concurrency)
                 cpu_service = sum(cpu_seconds(pid) for pid in pids)
-                cpu_redis = redis_cpu(rclient)
-                commands.update(command_usec(rclient))
+                cpu_redis = redis_cpu(nodes)
+                commands.update(command_usec(nodes))
                 cpu_self = time.process_time()
                 start = time.perf_counter()
                 if args.rate > 0:
@@ -177,7 +191,7 @@ def main() -> None:
                 else:
                     latencies = await closed_loop(poster, wire, args.concurrency)
                 elapsed = time.perf_counter() - start
-                after = command_usec(rclient)
+                after = command_usec(nodes)
                 for name, (calls, usec) in after.items():
                     before = commands.get(name, (0, 0))
                     commands[name] = (calls - before[0], usec - before[1])
@@ -185,13 +199,13 @@ def main() -> None:
                     latencies,
                     elapsed,
                     sum(cpu_seconds(pid) for pid in pids) - cpu_service,
-                    redis_cpu(rclient) - cpu_redis,
+                    redis_cpu(nodes) - cpu_redis,
                     time.process_time() - cpu_self,
                 )
 
         latencies, elapsed, cpu_service, cpu_redis, cpu_self = uvloop.run(run())
         found = all_findings(service.url, reader)
-        ceiling = redis_ceiling(service.redis_url)
+        ceiling = redis_ceiling(service.redis_url, cluster=args.cluster_masters > 0)
     latencies.sort()
     fps_rate = timed_fps / elapsed
     mode = (

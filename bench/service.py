@@ -49,23 +49,48 @@ class Running:
         return out.split()[-1]
 
 
+LISTPACK_LIMITS = ("--hash-max-listpack-entries", "128", "--hash-max-listpack-value", "64")
+
+
 @contextmanager
-def own_redis_server() -> Iterator[str]:
-    from tests.redis_servers import RedisServer  # the tests' helper: never the shared server
+def own_redis_server(cluster_masters: int = 0) -> Iterator[str]:
+    """A redis-server of our own, or a Redis Cluster of ``cluster_masters`` masters on loopback ports."""
+    from tests.redis_servers import RedisClusterServers, RedisServer  # the tests' helpers: never the shared server
 
     with tempfile.TemporaryDirectory(prefix="bleedwatch-bench-redis-") as tmp:
-        server = RedisServer(Path(tmp), args=("--hash-max-listpack-entries", "128", "--hash-max-listpack-value", "64"))
+        server: RedisServer | RedisClusterServers
+        if cluster_masters:
+            server = RedisClusterServers(Path(tmp), cluster_masters, args=LISTPACK_LIMITS)
+        else:
+            server = RedisServer(Path(tmp), args=LISTPACK_LIMITS)
         server.start()
         try:
             yield server.url
         finally:
-            server.kill()
+            server.stop()
+
+
+def redis_nodes(url: str) -> list[redis.Redis]:
+    """A client per node: the server at ``url``, or every master of the cluster it belongs to."""
+    client = redis.Redis.from_url(url)
+    if not client.info("cluster").get("cluster_enabled"):
+        return [client]
+    nodes = client.execute_command("CLUSTER NODES")
+    client.close()
+    masters = [address for address, node in nodes.items() if "master" in node["flags"]]
+    return [redis.Redis(host=a.rsplit(":", 1)[0], port=int(a.rsplit(":", 1)[1])) for a in masters]
 
 
 @contextmanager
-def running_service(workers: int = 1, *, own_redis: bool = False, **settings: str) -> Iterator[Running]:
-    if own_redis:
-        with own_redis_server() as url, running_service(workers, redis_url=url, **settings) as running:
+def running_service(
+    workers: int = 1, *, own_redis: bool = False, cluster_masters: int = 0, **settings: str
+) -> Iterator[Running]:
+    if own_redis or cluster_masters:
+        cluster = {"redis_cluster": "true"} if cluster_masters else {}
+        with (
+            own_redis_server(cluster_masters) as url,
+            running_service(workers, redis_url=url, **cluster, **settings) as running,
+        ):
             yield running
         return
     redis_url = settings.get("redis_url", REDIS_URL)
@@ -104,10 +129,11 @@ def running_service(workers: int = 1, *, own_redis: bool = False, **settings: st
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
-        client = redis.Redis.from_url(redis_url)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(keys), 1000):
-            client.unlink(*keys[i : i + 1000])
-        client.close()
+        for node in redis_nodes(redis_url):  # one key per UNLINK: a cluster refuses keys of several slots
+            with node.pipeline(transaction=False) as pipe:
+                for key in node.scan_iter(match=f"{prefix}:*", count=1000):
+                    pipe.unlink(key)
+                pipe.execute()
+            node.close()
         admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
         admin.close()

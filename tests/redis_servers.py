@@ -110,9 +110,9 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """Three masters with no replicas, every slot assigned, on free loopback ports."""
+    """Masters (three by default) with no replicas, every slot assigned, on free loopback ports."""
 
-    def __init__(self, directory: Path, masters: int = 3) -> None:
+    def __init__(self, directory: Path, masters: int = 3, args: tuple[str, ...] = ()) -> None:
         self.directory = directory
         self.nodes: list[RedisServer] = []
         ports: list[int] = []
@@ -133,6 +133,7 @@ class RedisClusterServers:
                         str(node_dir / "nodes.conf"),
                         "--cluster-node-timeout",
                         "2000",
+                        *args,
                     ),
                 )
             )

@@ -115,9 +115,10 @@ async def test_every_bucket_size_keeps_the_contract(settings: Settings, bits: in
         await index.close()
 
 
-async def test_thousands_of_records_in_one_shard_are_read_in_chunks(index: Index) -> None:
-    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit)."""
-    r = redis_of(index)
+@pytest.mark.parametrize("bits", [16, 24])
+async def test_thousands_of_records_in_one_shard_are_read_in_chunks(settings: Settings, bits: int) -> None:
+    """A shard's filters are read whole at 16 bits; at 24 bit by bit, in chunks of 1,000 (Lua's unpack limit)."""
+    r = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
     rng = np.random.default_rng(5)
     values = np.unique((rng.integers(0, 2**56, 2500, dtype=np.uint64)) | np.uint64(0x5A << 56))  # all in shard 5a
     offsets = np.arange(len(values), dtype=np.uint32) * 3
@@ -127,3 +128,32 @@ async def test_thousands_of_records_in_one_shard_are_read_in_chunks(index: Index
     found = await r.lookup(NS, values, NOW)
     assert all(x.entries is not None and [e.tenant for e in x.entries] == [1, 2] for x in found)
     assert [x.entries[0].offset for x in found if x.entries] == offsets.tolist()
+    await r.close()
+
+
+@pytest.mark.parametrize("bits", [16, 20])
+async def test_every_index_key_expires_with_its_generation(settings: Settings, bits: int) -> None:
+    """Buckets get their TTL when created, whether a call read the filters whole or bit by bit.
+
+    At 16 bits the larger batches put dozens of records in a shard's 256 buckets (its filters are
+    read whole); at 20 bits, and in the small batches, they are far apart (read bit by bit).
+    """
+    index = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
+    assert isinstance(index, RedisIndex)
+    try:
+        rng = np.random.default_rng(bits)
+        seen = np.empty(0, dtype=np.uint64)
+        for ref, size in enumerate((1, 3, 40, 30_000, 200, 50_000), start=1):
+            fresh = rng.integers(0, 2**64, size, dtype=np.uint64)
+            values = np.concatenate([fresh, seen[: size // 2]])  # some new to this tenant, some not
+            offsets = np.arange(len(values), dtype=np.uint32)
+            await index.insert(NS, [Doc(ref, ref % 3 + 1, Kind.PROMPT, values, offsets)], NOW)
+            seen = np.concatenate([seen, fresh])
+        assert all(x.entries != () for x in await index.lookup(NS, seen, NOW))  # held, or common
+        client = index.client
+        keys = [k async for k in client.scan_iter(match=f"{settings.key_prefix}:{{{NS}:*", count=1000)]
+        assert len(keys) > 256  # buckets and filters of every shard
+        ttls = [await client.ttl(k) for k in keys]
+        assert all(0 < t <= index._window.ttl_seconds for t in ttls)
+    finally:
+        await index.close()

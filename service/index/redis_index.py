@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from service import metrics
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox
-from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
+from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, FILTER_BYTES_PER_BUCKET, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
 from service.index.window import Window
 
@@ -83,7 +83,9 @@ class LuaScript:
 
 
 def _lua(name: str) -> str:
-    return resources.files("service.index").joinpath("lua", name).read_text()
+    """A script with common.lua in front of it (a Redis script cannot load another)."""
+    lua = resources.files("service.index").joinpath("lua")
+    return lua.joinpath("common.lua").read_text() + lua.joinpath(name).read_text()
 
 
 def _shard_of(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
@@ -347,7 +349,12 @@ class RedisIndex:
         ]
         bits = _decimals(self._layout.filter_bits(values))
         replies = await self._per_shard(
-            ns, values, [(records, mask), bits], self._insert, common_args, [self._layout.filter_bytes]
+            ns,
+            values,
+            [(records, mask), bits],
+            self._insert,
+            common_args,
+            [self._layout.filter_bytes, FILTER_BYTES_PER_BUCKET],
         )
         counts: dict[tuple[int, int, int, int], int] = {}
         for reply in replies:  # one per shard: the same pair can show up in several
@@ -370,7 +377,9 @@ class RedisIndex:
             *self._common,
             self._layout.lookup_format(),
         ]
-        replies = await self._per_shard(ns, values, [(records, None), bits], self._lookup, common_args)
+        replies = await self._per_shard(
+            ns, values, [(records, None), bits], self._lookup, common_args, [FILTER_BYTES_PER_BUCKET]
+        )
         rows = np.frombuffer(b"".join(cast(list[bytes], replies)), dtype=_LOOKUP_ROW)
         if len(rows) == 0:
             return out

@@ -2,7 +2,7 @@
 -- Contract: service/index/base.py (memory.py is the same logic in Python). Every key this
 -- script touches starts with one of KEYS, whose hash tags pin each shard to one cluster slot;
 -- on a Redis Cluster the caller sends one shard per call, on a single Redis several.
--- Layout, entry encoding and the presence filter: service/index/keys.py.
+-- Layout, entry encoding and the presence filter: service/index/keys.py; common.lua comes first.
 --
 -- KEYS     shard bases, e.g. bw:{<key id>:a7}:ix2, in the order of their records
 -- ARGV[1]  current generation     ARGV[2] generations to read
@@ -12,18 +12,18 @@
 -- ARGV[7]  records per shard: one u32 big-endian per key of KEYS
 -- ARGV[8]  records, big-endian, grouped by shard, in batch order within each (redis_index.py):
 --          batch pos u32, tenant u32, doc u32, kind u8, bucket (raw bytes), field (raw bytes),
---          offset u32, then the record's own entry, encoded as stored (below), after its length u8
--- ARGV[9]  each record's bit in its shard's presence filter, decimal, space-separated
+--          offset u32, then the record's own entry, encoded as stored, after its length u8
+-- ARGV[9]  each record's bit in its shard's presence filters, decimal, space-separated
 --          (redis.call would otherwise turn Lua numbers into strings, which costs more than
 --          all the rest)
 -- ARGV[10] a filter's size in bytes, to create it at exactly that size
+-- ARGV[11] filter bytes per bucket
 -- A bucket's key is <shard base> .. ':' .. generation .. ':' .. bucket bytes; a generation's
--- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
--- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
--- that generation, and the read is skipped. Filters and buckets expire at the same second.
--- Stored value per field: '*' once common, else entries of
---          varint(tenant * 4 + kinds) . doc u32 big-endian . varint(offset)
--- (kinds: 1 prompt, 2 response; varint: 7 bits a byte, low first, high bit = more follows).
+-- presence filter is <shard base> .. ':f:' .. generation, with one bit (of several per bucket)
+-- per fingerprint, set when its field is written: a clear bit proves the field is not in that
+-- generation, and the read is skipped. Filters and buckets expire at the same second; a bucket
+-- gets its TTL when it is created, which a filter read whole tells (its bucket's bytes are all
+-- zero), and on every write when the filter is read bit by bit.
 -- An entry's doc is the tenant's first prompt with the fingerprint, else its first response.
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
 
@@ -33,18 +33,13 @@ local deadline = ARGV[3]
 local common_prompt = tonumber(ARGV[4])
 local common_any = tonumber(ARGV[5])
 local format = ARGV[6]
+local counts = ARGV[7]
 local records = ARGV[8]
-local filter_bytes = tonumber(ARGV[10])
-local bit_offsets, nbits = {}, 0
-for w in string.gmatch(ARGV[9], '%d+') do nbits = nbits + 1; bit_offsets[nbits] = w end
-
-local COMMON = '*'
-local PROMPT, RESPONSE = 1, 2
-local CHUNK = 1000  -- BITFIELD subcommands per call: Lua's unpack has a C stack limit
-local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
-local spack, sunpack = struct.pack, struct.unpack
-local band, bor = bit.band, bit.bor
+local bits = parse_bits(ARGV[9])
+local filter_size = tonumber(ARGV[10])
+local bucket_bytes = tonumber(ARGV[11])
 local first_gen = cur - gens + 1
+local empty_bucket = rep('\0', bucket_bytes)
 
 local function varint(n)
   if n < 128 then return char(n) end
@@ -62,87 +57,54 @@ local function entry(t, d, o, k)
   return varint(t * 4 + k) .. spack('>I4', d) .. varint(o)
 end
 
--- Calls fn(tenant, doc, offset, kinds, first byte, byte after) for each entry of a stored value.
-local function each(value, fn)
-  local i, n = 1, #value
-  while i <= n do
-    local start, x, m, b = i, 0, 1, 128
-    while b >= 128 do
-      b = byte(value, i); i = i + 1; x = x + (b % 128) * m; m = m * 128
-    end
-    local d = sunpack('>I4', value, i)
-    i = i + 4
-    local o
-    o, m, b = 0, 1, 128
-    while b >= 128 do
-      b = byte(value, i); i = i + 1; o = o + (b % 128) * m; m = m * 128
-    end
-    if fn(floor(x / 4), d, o, x % 4, start, i) then return end
+-- `span` (the filter's bytes from lo on) with the bytes of `written` (position -> value) replaced,
+-- from the first to the last of those.
+local function splice(span, lo, written)
+  local at = {}
+  for p in pairs(written) do at[#at + 1] = p end
+  table.sort(at)
+  local out, n, from = {}, 0, at[1] - lo + 1
+  for _, p in ipairs(at) do
+    local k = p - lo + 1
+    out[n + 1] = sub(span, from, k - 1)
+    out[n + 2] = char(written[p])
+    n, from = n + 2, k + 1
   end
+  return at[1], table.concat(out)
 end
 
--- Fold entry (d, o, k) into e: kinds add up; a prompt doc replaces a response-only one.
-local function fold(e, d, o, k)
-  if e[3] == RESPONSE and band(k, PROMPT) == PROMPT then e[1] = d; e[2] = o end
-  e[3] = bor(e[3], k)
-end
-
--- BITFIELD_RO arguments reading the bits at offsets[lo..hi], in chunks (Lua's unpack has a C
--- stack limit); one filter per generation, read with the same arguments.
-local function bit_reads(lo, hi)
-  local chunks = {}
-  for first = lo, hi, CHUNK do
-    local args, a = {}, 0
-    for r = first, math.min(hi, first + CHUNK - 1) do
-      args[a + 1] = 'GET'; args[a + 2] = 'u1'; args[a + 3] = bit_offsets[r]
-      a = a + 3
-    end
-    chunks[#chunks + 1] = args
-  end
-  return chunks
-end
-
-local function read_bits(key, chunks)
-  if #chunks == 1 then return redis.call('BITFIELD_RO', key, unpack(chunks[1])) end
-  local out, n = {}, 0
-  for _, args in ipairs(chunks) do
-    for _, b in ipairs(redis.call('BITFIELD_RO', key, unpack(args))) do n = n + 1; out[n] = b end
-  end
-  return out
-end
-
-local function set_bits(key, offsets)
-  for first = 1, #offsets, CHUNK do
-    local args, n = {}, 0
-    for i = first, math.min(#offsets, first + CHUNK - 1) do
-      args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = offsets[i]; args[n + 4] = '1'
-      n = n + 4
-    end
-    redis.call('BITFIELD', key, unpack(args))
-  end
+-- Create the current generation's filter if it is missing, at its final size at once: growing
+-- bit by bit would leave it in a buffer twice as large.
+local function create_filter(key)
+  redis.call('SET', key, rep('\0', filter_size))
+  redis.call('EXPIREAT', key, deadline)
 end
 
 local hits, order = {}, {}
 local NONE = {}
-local at, r = 1, 0  -- byte position in records, index of the last record read
+local at, r = 1, 0  -- byte position in records, records of the shards before
 
 for s, base in ipairs(KEYS) do
-  local count = sunpack('>I4', ARGV[7], 4 * s - 3)
-  local lo, hi = r + 1, r + count
-  local gen_base, present, reads = {}, {}, bit_reads(lo, hi)
+  local count = sunpack('>I4', counts, 4 * s - 3)
+  local pos, mask, lo, hi = filter_positions(bits, r + 1, count, bucket_bytes)
+  local gen_base, present, cur_span = {}, {}, nil
   for gen = first_gen, cur do
+    local span
     gen_base[gen] = base .. ':' .. gen .. ':'
-    present[gen] = read_bits(base .. ':f:' .. gen, reads)
+    present[gen], span = filter_read(base .. ':f:' .. gen, bits, r + 1, pos, mask, lo, hi)
+    if gen == cur then cur_span = span end
   end
   local cur_filter = base .. ':f:' .. cur
   local present_cur = present[cur]
-  local set_now, new_bits, touched = {}, {}, {}
+  local set_now = {}   -- bits of the current filter this call sets, by their decimal text
+  local written = {}   -- with a span: filter byte position -> its value with those bits
+  local new_bits = {}  -- without: the bits, in order
+  local touched = {}   -- bucket key -> whether it needs its TTL set
 
   for i = 1, count do
-    r = r + 1
-    local pos, tenant, doc, kind, bucket, field, offset, mine_entry, next_at = sunpack(format, records, at)
+    local p, tenant, doc, kind, bucket, field, offset, mine_entry, next_at = sunpack(format, records, at)
     at = next_at
-    local bit_arg = bit_offsets[r]
+    local bit_arg = bits[r + i]
     local merged, tenants, common, current = NONE, NONE, false, nil
     for gen = first_gen, cur do
       if present[gen][i] == 1 or (gen == cur and set_now[bit_arg]) then
@@ -174,10 +136,10 @@ for s, base in ipairs(KEYS) do
           if kind == RESPONSE then hit = band(e[3], PROMPT) == PROMPT and not self_prompt
           else hit = e[3] == RESPONSE end
           if t ~= tenant and hit then
-            local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
+            local hk = p .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
             local h = hits[hk]
             if h then h[5] = h[5] + 1 else
-              hits[hk] = {pos, t, e[1], e[3], 1}
+              hits[hk] = {p, t, e[1], e[3], 1}
               order[#order + 1] = hk
             end
           end
@@ -215,23 +177,48 @@ for s, base in ipairs(KEYS) do
     if new_value then
       local key = gen_base[cur] .. bucket
       redis.call('HSET', key, field, new_value)
-      touched[key] = true
+      local fp = pos[i]
+      if touched[key] == nil then
+        -- Its first write in this call: before it, its bucket's filter bytes tell whether it exists.
+        if cur_span == nil or cur_span == '' then
+          touched[key] = true
+        else
+          local start = fp - fp % bucket_bytes - lo + 1
+          touched[key] = sub(cur_span, start, start + bucket_bytes - 1) == empty_bucket
+        end
+      end
       if present_cur[i] == 0 and not set_now[bit_arg] then
         set_now[bit_arg] = true
-        new_bits[#new_bits + 1] = bit_arg
+        if lo then
+          written[fp] = bor(written[fp] or (cur_span == '' and 0 or byte(cur_span, fp - lo + 1)), mask[i])
+        else
+          new_bits[#new_bits + 1] = bit_arg
+        end
       end
     end
   end
+  r = r + count
 
-  if #new_bits > 0 then
-    if redis.call('EXISTS', cur_filter) == 0 then
-      -- At its final size at once: growing bit by bit would leave it in a buffer twice as large.
-      redis.call('SET', cur_filter, string.rep('\0', filter_bytes))
-      redis.call('EXPIREAT', cur_filter, deadline)
-    end
-    set_bits(cur_filter, new_bits)
+  if cur_span == '' and next(written) then
+    create_filter(cur_filter)
+    cur_span = rep('\0', hi - lo + 1)
   end
-  for key in pairs(touched) do redis.call('EXPIREAT', key, deadline) end
+  if next(written) then
+    redis.call('SETRANGE', cur_filter, splice(cur_span, lo, written))
+  elseif #new_bits > 0 then
+    if redis.call('EXISTS', cur_filter) == 0 then create_filter(cur_filter) end
+    for from = 1, #new_bits, CHUNK do
+      local args, n = {}, 0
+      for j = from, math.min(#new_bits, from + CHUNK - 1) do
+        args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = new_bits[j]; args[n + 4] = '1'
+        n = n + 4
+      end
+      redis.call('BITFIELD', cur_filter, unpack(args))
+    end
+  end
+  for key, new in pairs(touched) do
+    if new then redis.call('EXPIREAT', key, deadline) end
+  end
 end
 
 local out = {}
