@@ -52,22 +52,24 @@ local function parse_bits(text)
 end
 
 -- Where the records bits[first..first + count - 1] of one shard fall in its presence filters:
--- each one's byte (0-based) and bit mask in that byte, and the span of bytes to read whole, from
--- the first byte of the lowest record's bucket to the last byte of the highest's; no span when
--- the records are too sparse for that (SPAN_BYTES_PER_RECORD).
+-- each one's byte (0-based), and the span of bytes to read whole, from the first byte of the
+-- lowest record's bucket to the last byte of the highest's, with each one's bit mask in its byte;
+-- no span (nor masks) when the records are too sparse for that (SPAN_BYTES_PER_RECORD).
+local BIT_MASKS = {[0] = 128, 64, 32, 16, 8, 4, 2, 1}  -- Redis counts a byte's bits from its top
+
 local function filter_positions(bits, first, count, bucket_bytes)
-  local pos, mask, lo, hi = {}, {}, math.huge, -1
+  local pos, lo, hi = {}, math.huge, -1
   for i = 1, count do
-    local b = tonumber(bits[first + i - 1])
-    local p = floor(b / 8)
+    local p = floor(tonumber(bits[first + i - 1]) / 8)
     pos[i] = p
-    mask[i] = 2 ^ (7 - b % 8)  -- Redis counts a byte's bits from its most significant one
     if p < lo then lo = p end
     if p > hi then hi = p end
   end
   lo = lo - lo % bucket_bytes
   hi = hi - hi % bucket_bytes + bucket_bytes - 1
-  if hi - lo + 1 > SPAN_BYTES_PER_RECORD * count then return pos, mask, nil, nil end
+  if hi - lo + 1 > SPAN_BYTES_PER_RECORD * count then return pos, nil, nil, nil end
+  local mask = {}
+  for i = 1, count do mask[i] = BIT_MASKS[tonumber(bits[first + i - 1]) % 8] end
   return pos, mask, lo, hi
 end
 
