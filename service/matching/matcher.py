@@ -75,18 +75,26 @@ class Source:
 
 
 def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, int]:
-    """Response doc refs worth evaluating, with the recipient tenant ref of each."""
-    weight: dict[int, int] = {}
+    """Response doc refs worth evaluating, with the recipient tenant ref of each.
+
+    A finding needs ``min_matched`` fingerprints from one source tenant, so hits count per
+    response and source tenant: a response sharing one frequent phrase each with two tenants'
+    prompts is not worth a lookup of all its fingerprints (in chat traffic, most would be).
+    """
+    weight: dict[tuple[int, int], int] = {}  # (response ref, source tenant ref) -> shared fingerprints
     recipient: dict[int, int] = {}
     for hit in hits:
         doc = docs[hit.batch_pos]
-        if doc.kind & Kind.RESPONSE:
-            weight[doc.ref] = weight.get(doc.ref, 0) + hit.count
+        if doc.kind & Kind.RESPONSE:  # an incoming response, hit by another tenant's prompt
+            pair = (doc.ref, hit.tenant)
             recipient[doc.ref] = doc.tenant
-        if hit.kinds == Kind.RESPONSE:
-            weight[hit.doc] = weight.get(hit.doc, 0) + hit.count
+        elif hit.kinds == Kind.RESPONSE:  # an incoming prompt, hitting another tenant's response
+            pair = (hit.doc, doc.tenant)
             recipient[hit.doc] = hit.tenant
-    return {ref: recipient[ref] for ref, w in weight.items() if w >= min_matched}
+        else:
+            continue
+        weight[pair] = weight.get(pair, 0) + hit.count
+    return {ref: recipient[ref] for (ref, _), w in weight.items() if w >= min_matched}
 
 
 class Matcher:
