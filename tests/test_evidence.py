@@ -17,6 +17,7 @@ from service.matching.evidence import (
     coverage,
     is_finding,
     longest,
+    pure_runs,
     runs,
     severity,
     with_purity,
@@ -131,6 +132,64 @@ def test_a_span_known_from_two_documents_of_the_tenant_is_one_chain() -> None:
     assert is_finding(copies(halves, T, 4, 6), T)
     far = [pure(0, 7, 500, doc=1), pure(30, 36, 40, doc=2)]  # not adjacent in the response
     assert not is_finding(copies(far, T, 4, 6), T)
+
+
+def test_a_phrase_the_response_repeats_against_two_documents_in_turn_is_not_a_chain() -> None:
+    # "smb: client: fix potential UAF in X", "... in Y", "... in Z": each line matches the same
+    # spot of one document ("smb client fix potential") and of another ("fix potential uaf in").
+    lines = [
+        r
+        for at in (0, 10, 20, 30)
+        for r in (pure(at, at + 4, 352, doc=1, fingerprints=1), pure(at + 2, at + 6, 7971, doc=2, fingerprints=1))
+    ]
+    assert not is_finding(copies(lines, T, 4, 5), T)
+    # Going back to a stretch of a document the chain took, through another document, is no copy either.
+    back = [pure(0, 6, 352, doc=1), pure(8, 13, 7971, doc=2), pure(14, 19, 350, doc=1)]
+    assert [len(c) for c in chains(back, 4, 5)] == [2, 1]
+    # A copy read forward through both documents still is one chain.
+    forward = [pure(0, 7, 500, doc=1), pure(8, 14, 40, doc=2), pure(15, 22, 510, doc=1)]
+    assert [len(c) for c in chains(forward, 4, 6)] == [3]
+
+
+def test_a_phrase_the_response_repeats_is_no_fragment_of_a_chain() -> None:
+    # "use after free bug in" twice in the recipient's text, against one spot of the source,
+    # then a short shared run ("don't send geo tx power limit") 8 source tokens further on.
+    phrase = [pure(40, 44, 144, fingerprints=1), pure(85, 89, 144, fingerprints=1)]
+    shared = pure(118, 124, 156)
+    assert not is_finding(copies([*phrase, shared], T, 4, 5), T)
+    assert is_finding(copies([phrase[1], shared], T, 4, 5), T)  # once only, it may be a fragment
+
+
+def test_a_phrase_the_source_repeats_joins_the_chain_at_its_first_occurrence() -> None:
+    # "... the explanations file referred to | dry run of double colon rules": the source said
+    # "dry run of double colon rules" before, and the index knows it there.
+    halves = [pure(0, 7, 380), pure(8, 14, 343)]
+    assert [len(c) for c in chains(halves, 4, 5)] == [2]
+    assert is_finding(copies(halves, T, 4, 5), T)
+    far = [pure(0, 7, 380), pure(30, 36, 343)]  # not adjacent in the response: two phrases
+    assert not is_finding(copies(far, T, 4, 5), T)
+
+
+def every_third(tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    offsets = np.arange(0, tokens, 3, dtype=np.uint32)
+    return offsets.astype(np.uint64), offsets, np.ones(len(offsets), dtype=bool)
+
+
+def test_a_stray_match_on_the_diagonal_does_not_hide_the_copy_after_it() -> None:
+    # A shingle 35 tokens before the copy happens to sit on its diagonal: one run with holes.
+    matches = [Match(0, 1, 100), *copy(36, 136, [0, 3, 6, 9])]
+    values, offsets, counted = every_third(60)
+    (run,) = runs(matches, P, {1: P})
+    assert not is_finding(copies([with_purity(run, values, offsets, counted, 4, P, matches)], T, 4, 6), T)
+    pieces = pure_runs(run, values, offsets, counted, 4, P, matches, T)
+    assert [(p.start, p.end, p.fingerprints, p.purity) for p in pieces] == [(0, 4, 1, 1.0), (36, 49, 4, 1.0)]
+    assert is_finding(copies(pieces, T, 4, 6), T)
+    # A template's ends, split at the slot, are each too short and do not join again.
+    template = copy(0, 100, [0, 3]) + copy(21, 121, [0, 3])
+    (run,) = runs(template, P, {1: P})
+    pieces = pure_runs(run, values, offsets, counted, 4, P, template, T)
+    assert [p.fingerprints for p in pieces] == [2, 2]
+    assert not is_finding(copies(pieces, T, 4, 6), T)
 
 
 def test_a_run_with_holes_does_not_spoil_the_good_run_next_to_it() -> None:

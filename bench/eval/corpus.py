@@ -1,9 +1,9 @@
 """Text for the evaluation, all of it shipped with Python or Debian, none written by us.
 
 - private passages: stdlib docstrings, the Python reference topics (pydoc_data) and Debian
-  package changelogs, cut into passages and de-duplicated: a passage that shares 8 tokens in
-  a row with an earlier one is dropped, since text two tenants both own is not private and
-  would make the ground truth ambiguous;
+  package changelogs, cut into passages and de-duplicated: a passage that shares 8 tokens with
+  an earlier one, in a row or around one small edit, is dropped, since text two tenants both
+  own is not private and would make the ground truth ambiguous (``private_passages``);
 - public texts: the licenses in /usr/share/common-licenses and the Zen of Python, which many
   tenants quote in prompts and answers, and which the operator allowlists up front (the
   allowlist is how bleedwatch knows public text before three tenants have sent it);
@@ -23,7 +23,10 @@ from bench.corpus import docstrings
 from service.fingerprint.tokens import tokenize
 
 PASSAGE_WORDS = (60, 400)
-OVERLAP_TOKENS = 8
+# Two passages are near-copies when they share two runs of ``SIDE_TOKENS`` tokens, in the same
+# order, with at most ``EDIT_TOKENS`` tokens between them on either side (see private_passages).
+SIDE_TOKENS = 4
+EDIT_TOKENS = 2
 
 
 def _pydoc_topics() -> list[list[str]]:
@@ -63,23 +66,51 @@ def _passages(docs: list[list[str]], rng: random.Random) -> list[list[str]]:
     return out
 
 
-def private_passages(seed: int, changelog_words: int = 3_000_000) -> list[list[str]]:
-    """De-duplicated passages, shuffled: no two share a run of ``OVERLAP_TOKENS`` tokens.
+def near_copy_keys(tokens: list[str]) -> set[tuple[str, ...]]:
+    """What two near-copies have in common: a pair of ``SIDE_TOKENS``-token runs with at most
+    ``EDIT_TOKENS`` tokens between them.
 
-    That is stricter than what makes a finding (two fingerprints in 12 tokens), so text two
-    tenants happen to both own is left out instead of being scored as a false positive.
+    The gap is not part of the key, so two texts share one exactly when they share 8 tokens in a
+    row, or 8 tokens around one edit: up to 2 tokens substituted, inserted or removed ("fix race
+    when deleting *free space* / *quota* root from the dirty cow roots list").
+    """
+    side, keys = SIDE_TOKENS, set()
+    for i in range(len(tokens) - 2 * side + 1):
+        left = tuple(tokens[i : i + side])
+        for gap in range(min(EDIT_TOKENS, len(tokens) - i - 2 * side) + 1):
+            keys.add(left + tuple(tokens[i + side + gap : i + 2 * side + gap]))
+    return keys
+
+
+def private_passages(seed: int, changelog_words: int = 3_000_000) -> list[list[str]]:
+    """De-duplicated passages, shuffled: a passage that is a near-copy of an earlier kept one is dropped.
+
+    Near-copy: the two share 8 tokens in a row, or 8 tokens around one edit of up to 2 tokens
+    (``near_copy_keys``). Text two tenants both own is not private, so it can be neither a leak
+    source nor a clean exchange: the ground truth would score the service for finding it. An
+    exact run is not enough to tell: changelogs of one upstream (the kernel's, shipped by several
+    packages) carry the same line with one word changed, and no rule based on copied text can
+    tell that from a leak with a word substituted, the very perturbation the detector must
+    survive. The criterion follows what a finding needs at the least (two fingerprinted 4-token
+    shingles on one diagonal, 10 tokens apart): each side of the edit holds a shingle. Unrelated
+    passages rarely share two 4-token runs this close together: it keeps 3,259 passages instead
+    of 3,344 (seed 7), and what it drops are changelog lines that differ by a version or a device
+    name ("bump standards version to 4.x.y, no changes needed") and sibling docstrings ("prefix /
+    suffix can also be a tuple of prefixes / suffixes to look for").
+
+    Deterministic: the seed fixes the passages and their order, and the keys are the tokens
+    themselves (no salted ``hash``).
     """
     rng = random.Random(seed)
     candidates = _passages(docstrings() + _pydoc_topics() + _changelogs(changelog_words), rng)
     rng.shuffle(candidates)
-    seen: set[int] = set()
+    seen: set[tuple[str, ...]] = set()
     kept: list[list[str]] = []
     for words in candidates:
-        tokens = tokenize(" ".join(words))
-        grams = {hash(tuple(tokens[i : i + OVERLAP_TOKENS])) for i in range(len(tokens) - OVERLAP_TOKENS + 1)}
-        if grams & seen:
+        keys = near_copy_keys(tokenize(" ".join(words)))
+        if not keys.isdisjoint(seen):
             continue
-        seen |= grams
+        seen |= keys
         kept.append(words)
     return kept
 

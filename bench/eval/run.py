@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.eval.run                       # the full run (docs/detection.md)
     .venv/bin/python -m bench.eval.run --clean 500 --leaks-per-cell 2   # a quick one
+    .venv/bin/python -m bench.eval.run --why-missed     # and count why each missed leak was missed
 
 Generates multi-tenant traffic from text shipped with Python and Debian (bench/eval/corpus.py),
 with shared system prompts, public quotes, self-echo, long-context prompts, arrival-order races
@@ -28,6 +29,7 @@ import httpx
 import orjson
 
 from bench.eval.corpus import private_passages, public_texts, templates
+from bench.eval.diagnose import table, why_missed
 from bench.eval.traffic import PERTURBATIONS, SPANS, Traffic, generate, wire
 from bench.service import Running, running_service
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params
@@ -186,6 +188,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", type=Path, help="also write the result here")
     p.add_argument("--explain", type=int, default=0, help="print the text behind this many false findings")
+    p.add_argument(
+        "--why-missed", action="store_true", help="replay the matcher's steps for each missed leak and count causes"
+    )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (SDK parameter)")
     args = p.parse_args()
@@ -213,8 +218,24 @@ def main() -> None:
         params = replace(DEFAULT_PARAMS, n=args.n, w=args.w)
         elapsed = asyncio.run(replay(service, traffic, key, args.batch, params))
         findings = all_findings(service)
-    result = score(traffic, findings)
+        result = score(traffic, findings)
+        if args.why_missed:
+            named = {f["recipient_request_id"]: f["source_tenant"] for f in findings}
+            missed = [leak for leak in traffic.leaks if named.get(leak.recipient_request) != leak.source_tenant]
+            texts = [" ".join(t) for t in public]
+            # The same steps on the detected leaks of 16 and 24 words check that they follow the service.
+            found = [leak for leak in traffic.leaks if leak not in missed and leak.span in (16, 24)]
+            diagnoses = asyncio.run(why_missed(service, traffic, missed + found, key, params, texts))
+            agree = sum(d.cause == "found now" for d in diagnoses[len(missed) :])
+            diagnoses = diagnoses[: len(missed)]
     print(report(result, args, elapsed, len(traffic.order)))
+    if args.why_missed:
+        print(f"\nthe replayed steps find {agree} of the {len(found)} leaks of 16 and 24 words the service found\n")
+        print(table(diagnoses, SPANS))
+        result["why_missed"] = [
+            f"{d.leak.span}/{d.leak.perturbation} {d.cause}: {d.in_source} in source, {d.kept} kept; {d.detail}"
+            for d in diagnoses
+        ]
     if args.explain:
         explain(traffic, result["false_findings"], findings, args.explain)
     if args.json:

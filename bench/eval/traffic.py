@@ -29,6 +29,8 @@ class Leak:
     span: int
     perturbation: str
     recipient_first: bool
+    at: int = 0  # where the leaked words sit in the recipient's response: words [at, at + words)
+    words: int = 0
 
 
 @dataclass
@@ -134,7 +136,11 @@ def generate(
                 # Apart by a few batches, so the two sides usually arrive in different requests.
                 order[pos:pos] = [pair[0]]
                 order.insert(min(len(order), pos + rng.randint(50, 400)), pair[1])
-                leaks.append(Leak(names[a], source.request_id, names[b], recipient.request_id, span, kind, first))
+                leaks.append(
+                    Leak(
+                        names[a], source.request_id, names[b], recipient.request_id, span, kind, first, cut, len(leaked)
+                    )
+                )
     return Traffic(order, leaks, clean)
 
 

@@ -7,7 +7,8 @@ the reasoning and the measured effect of each threshold.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,8 @@ class Run:
     source_end: int
     fingerprints: int
     purity: float = 1.0
+    # The response offsets of its matches, for splitting a run with holes (``pure_runs``).
+    matched: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def tokens(self) -> int:
@@ -108,7 +111,7 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
 def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
     """Runs of one source tenant that together copy one stretch of its text.
 
-    Two cases make one copy look like several runs:
+    Three cases make one copy look like several runs:
 
     - fragments of a source span interleaved with other text: consecutive runs of one document
       whose source ranges abut (up to the n + w tokens a fragment loses at its edges) while the
@@ -116,26 +119,44 @@ def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
       would be one run);
     - a span the index knows from two of the tenant's documents (it holds each fingerprint's
       first prompt, and the tenant sent parts of the span before, with other neighbours): runs
-      of different documents that abut in the response.
+      of different documents that abut in the response;
+    - a phrase the source repeats: the index knows it at its first occurrence, so its run points
+      back before anything the chain took of the document, and touches the chain's last run in
+      the response (within a copy the next fingerprint is at most w tokens after the last).
 
-    A template filled differently on both sides ("fix X for Y" / "fix Z for Y") is neither: its
-    slot is in the source too, so the source ranges do not abut, or the response's slot is
+    A template filled differently on both sides ("fix X for Y" / "fix Z for Y") is none of them:
+    its slot is in the source too, so the source ranges do not abut, or the response's slot is
     about as long as the source's.
+
+    Otherwise a copy reads each source document forward: a run that goes back to a stretch of a
+    document the chain already took is a phrase the response repeats ("smb: client: fix
+    potential UAF in X", "... in Y", each against the same spot of two documents in turn), and
+    does not join it. Nor does a run whose source stretch another run of the response matches
+    too: a phrase the recipient's own text repeats ("use after free bug in") is no fragment of a
+    copy, and joined to a short shared run next to it would make one.
     """
     edge = n + w
+    spots = Counter((r.source_doc, r.source_start, r.source_end) for r in found)
+    repeated = {id(r) for r in found if spots[(r.source_doc, r.source_start, r.source_end)] > 1}
     out: list[list[Run]] = []
     for run in sorted(found, key=lambda r: (r.start, -r.end)):
+        if id(run) in repeated:
+            out.append([run])
+            continue
         best: list[Run] | None = None
         for chain in out:
             last = chain[-1]
+            if id(last) in repeated:
+                continue
             if run.end <= last.end:
                 continue  # inside a run already taken: a repeated shingle
             gap = run.start - last.end
             if run.source_doc == last.source_doc:
                 source_gap = run.source_start - last.source_end
                 joins = -n < source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS
+                joins = joins or (-n < gap <= w - n and _back(chain, run))
             else:
-                joins = -n < gap <= edge
+                joins = -n < gap <= edge and _forward(chain, run, n)
             if joins and (best is None or _tokens(chain) > _tokens(best)):
                 best = chain
         if best is None:
@@ -143,6 +164,17 @@ def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
         else:
             best.append(run)
     return out
+
+
+def _forward(chain: list[Run], run: Run, n: int) -> bool:
+    """``run`` starts past what ``chain`` took of its source document (n - 1 tokens of overlap allowed)."""
+    taken = [r.source_end for r in chain if r.source_doc == run.source_doc]
+    return not taken or run.source_start > max(taken) - n
+
+
+def _back(chain: list[Run], run: Run) -> bool:
+    """``run`` ends before anything ``chain`` took of its source document."""
+    return run.source_end <= min(r.source_start for r in chain if r.source_doc == run.source_doc)
 
 
 def _tokens(found: list[Run]) -> int:
@@ -164,6 +196,7 @@ def _run(doc: int, group: list[Match], n: int) -> Run:
         source_start=min(m.source_offset for m in group),
         source_end=max(m.source_offset for m in group) + n,
         fingerprints=len(group),
+        matched=tuple(m.response_offset for m in group),
     )
 
 
@@ -205,6 +238,45 @@ def with_purity(
                 inside.add(m.response_offset)
         matched = max(matched, len(inside))
     return replace(run, purity=matched / max(int(possible.sum()), matched))
+
+
+def pure_runs(
+    run: Run,
+    values: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint32],
+    counted: npt.NDArray[np.bool_],
+    n: int,
+    source: Params,
+    doc_matches: list[Match],
+    t: Thresholds,
+) -> list[Run]:
+    """``run`` with its purity if it has no holes, else its pieces either side of its widest gap, each
+    split again while it has holes.
+
+    A match that falls on a copy's diagonal by chance (a phrase the copy shares with text next to
+    it, pointing at its first occurrence in the source) makes one run of the copy and of the
+    text around it, whose holes would hide the copy. A piece is kept only if it has no holes on
+    its own, so this finds nothing the same matches without the stray one would not: the ends of
+    a template are still short runs, and do not join into a chain again across the slot (the
+    split gap is one a run could bridge, so the response has no more than ``SHIFT_TOLERANCE``
+    tokens inserted there).
+    """
+    scored = with_purity(run, values, offsets, counted, n, source, doc_matches)
+    if _no_holes(scored, t) or len(run.matched) < 2:
+        return [scored]
+    gaps = [b - a for a, b in zip(run.matched, run.matched[1:], strict=False)]
+    cut = gaps.index(max(gaps)) + 1
+    at = set(run.matched)
+    mine = [m for m in doc_matches if m.response_offset in at]  # one match per offset and document
+    left = [m for m in mine if m.response_offset < run.matched[cut]]
+    right = [m for m in mine if m.response_offset >= run.matched[cut]]
+    if not left or not right:
+        return [scored]
+    return [
+        piece
+        for part in (left, right)
+        for piece in pure_runs(_run(run.source_doc, part, n), values, offsets, counted, n, source, doc_matches, t)
+    ]
 
 
 def coverage(found: list[Run], response_tokens: int) -> float:

@@ -32,9 +32,9 @@ from service.matching.evidence import (
     coverage,
     is_finding,
     longest,
+    pure_runs,
     runs,
     severity,
-    with_purity,
 )
 from service.matching.known import Known, KnownFingerprints
 
@@ -161,7 +161,9 @@ class Matcher:
             kept = [m for m in ms if m.source_doc in sources]
             per_doc = by_doc(kept)
             found_runs = [
-                with_purity(
+                piece
+                for r in runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
+                for piece in pure_runs(
                     r,
                     meta.values,
                     meta.offsets,
@@ -169,8 +171,8 @@ class Matcher:
                     meta.params.n,
                     sources[r.source_doc].params,
                     per_doc[r.source_doc],
+                    self._t,
                 )
-                for r in runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
             ]
             copied = copies(found_runs, self._t, meta.params.n, meta.params.w)
             if kept and is_finding(copied, self._t):
