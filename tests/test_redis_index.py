@@ -117,7 +117,7 @@ async def test_every_bucket_size_keeps_the_contract(settings: Settings, bits: in
 
 @pytest.mark.parametrize("bits", [16, 24])
 async def test_thousands_of_records_in_one_shard_are_read_in_chunks(settings: Settings, bits: int) -> None:
-    """A shard's filters are read whole at 16 bits; at 24 bit by bit, in chunks of 1,000 (Lua's unpack limit)."""
+    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit), whatever the filter size."""
     r = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
     rng = np.random.default_rng(5)
     values = np.unique((rng.integers(0, 2**56, 2500, dtype=np.uint64)) | np.uint64(0x5A << 56))  # all in shard 5a
@@ -133,11 +133,8 @@ async def test_thousands_of_records_in_one_shard_are_read_in_chunks(settings: Se
 
 @pytest.mark.parametrize("bits", [16, 20])
 async def test_every_index_key_expires_with_its_generation(settings: Settings, bits: int) -> None:
-    """Buckets get their TTL when created, whether a call read the filters whole or bit by bit.
-
-    At 16 bits the larger batches put dozens of records in a shard's 256 buckets (its filters are
-    read whole); at 20 bits, and in the small batches, they are far apart (read bit by bit).
-    """
+    """Every bucket and filter a write creates gets the generation's TTL: small and large batches,
+    new fingerprints and ones the index holds already, few buckets a shard and many."""
     index = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
     assert isinstance(index, RedisIndex)
     try:

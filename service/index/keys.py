@@ -35,12 +35,9 @@ generation has a bitmap of ``FILTER_BITS_PER_BUCKET`` bits per bucket, one of wh
 the fingerprint (its value modulo that number), is set whenever a field is written. A clear bit
 proves the field is absent and its read is skipped; a set bit is read as before, so answers are
 exactly those without the filter. The bitmap costs
-``FILTER_BYTES_PER_BUCKET`` = 63 bytes per bucket (under one byte per fingerprint at ~80
+``FILTER_BITS_PER_BUCKET / 8`` = 63 bytes per bucket (under one byte per fingerprint at ~80
 fields a bucket), is allocated once at its exact size, and expires with the buckets, at the
-same second (``Window.expires_at``). A Lua call reads the span of a shard's filter that its
-records fall in with one GETRANGE when the records are dense enough (a large batch), else bit
-by bit; read whole, a bucket whose 63 bytes are all zero is one the call creates, and only such
-a bucket gets its EXPIREAT (bit by bit, every bucket written does).
+same second (``Window.expires_at``).
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ SHARDS = 1 << SHARD_BITS
 INDEX_KEY_VERSION = "ix2"
 # 63 bytes, not 64: a bitmap of buckets x 63 bytes plus Redis' string header fits the allocator's
 # power-of-two size class exactly (buckets x 64 would spill into the next one, 25% larger).
-FILTER_BYTES_PER_BUCKET = 63
-FILTER_BITS_PER_BUCKET = FILTER_BYTES_PER_BUCKET * 8
+FILTER_BITS_PER_BUCKET = 63 * 8
 # Doc refs are stored as u32: the counter wraps back to 1 before this. A ref is only reused after
 # 2^32 - 1 newer documents, which no retention window holds (at ~20 bytes per fingerprint that
 # window would take terabytes of Redis).

@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from service import metrics
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox
-from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, FILTER_BYTES_PER_BUCKET, SHARD_BITS, Keys
+from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
 from service.index.window import Window
 
@@ -349,12 +349,7 @@ class RedisIndex:
         ]
         bits = _decimals(self._layout.filter_bits(values))
         replies = await self._per_shard(
-            ns,
-            values,
-            [(records, mask), bits],
-            self._insert,
-            common_args,
-            [self._layout.filter_bytes, FILTER_BYTES_PER_BUCKET],
+            ns, values, [(records, mask), bits], self._insert, common_args, [self._layout.filter_bytes]
         )
         counts: dict[tuple[int, int, int, int], int] = {}
         for reply in replies:  # one per shard: the same pair can show up in several
@@ -377,9 +372,7 @@ class RedisIndex:
             *self._common,
             self._layout.lookup_format(),
         ]
-        replies = await self._per_shard(
-            ns, values, [(records, None), bits], self._lookup, common_args, [FILTER_BYTES_PER_BUCKET]
-        )
+        replies = await self._per_shard(ns, values, [(records, None), bits], self._lookup, common_args)
         rows = np.frombuffer(b"".join(cast(list[bytes], replies)), dtype=_LOOKUP_ROW)
         if len(rows) == 0:
             return out

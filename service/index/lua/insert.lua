@@ -12,18 +12,16 @@
 -- ARGV[7]  records per shard: one u32 big-endian per key of KEYS
 -- ARGV[8]  records, big-endian, grouped by shard, in batch order within each (redis_index.py):
 --          batch pos u32, tenant u32, doc u32, kind u8, bucket (raw bytes), field (raw bytes),
---          offset u32, then the record's own entry, encoded as stored, after its length u8
--- ARGV[9]  each record's bit in its shard's presence filters, decimal, space-separated
+--          offset u32, then the record's own entry, encoded as stored (below), after its length u8
+-- ARGV[9]  each record's bit in its shard's presence filter, decimal, space-separated
 --          (redis.call would otherwise turn Lua numbers into strings, which costs more than
 --          all the rest)
 -- ARGV[10] a filter's size in bytes, to create it at exactly that size
--- ARGV[11] filter bytes per bucket
 -- A bucket's key is <shard base> .. ':' .. generation .. ':' .. bucket bytes; a generation's
--- presence filter is <shard base> .. ':f:' .. generation, with one bit (of several per bucket)
--- per fingerprint, set when its field is written: a clear bit proves the field is not in that
--- generation, and the read is skipped. Filters and buckets expire at the same second; a bucket
--- gets its TTL when it is created, which a filter read whole tells (its bucket's bytes are all
--- zero), and on every write when the filter is read bit by bit.
+-- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
+-- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
+-- that generation, and the read is skipped. Filters and buckets expire at the same second.
+-- Stored value per field: '*' once common, else entries as common.lua says.
 -- An entry's doc is the tenant's first prompt with the fingerprint, else its first response.
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
 
@@ -33,13 +31,10 @@ local deadline = ARGV[3]
 local common_prompt = tonumber(ARGV[4])
 local common_any = tonumber(ARGV[5])
 local format = ARGV[6]
-local counts = ARGV[7]
 local records = ARGV[8]
-local bits = parse_bits(ARGV[9])
-local filter_size = tonumber(ARGV[10])
-local bucket_bytes = tonumber(ARGV[11])
+local filter_bytes = tonumber(ARGV[10])
+local bit_offsets = parse_bits(ARGV[9])
 local first_gen = cur - gens + 1
-local empty_bucket = rep('\0', bucket_bytes)
 
 local function varint(n)
   if n < 128 then return char(n) end
@@ -57,54 +52,38 @@ local function entry(t, d, o, k)
   return varint(t * 4 + k) .. spack('>I4', d) .. varint(o)
 end
 
--- `span` (the filter's bytes from lo on) with the bytes of `written` (position -> value) replaced,
--- from the first to the last of those.
-local function splice(span, lo, written)
-  local at = {}
-  for p in pairs(written) do at[#at + 1] = p end
-  table.sort(at)
-  local out, n, from = {}, 0, at[1] - lo + 1
-  for _, p in ipairs(at) do
-    local k = p - lo + 1
-    out[n + 1] = sub(span, from, k - 1)
-    out[n + 2] = char(written[p])
-    n, from = n + 2, k + 1
+local function set_bits(key, offsets)
+  for first = 1, #offsets, CHUNK do
+    local args, n = {}, 0
+    for i = first, math.min(#offsets, first + CHUNK - 1) do
+      args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = offsets[i]; args[n + 4] = '1'
+      n = n + 4
+    end
+    redis.call('BITFIELD', key, unpack(args))
   end
-  return at[1], table.concat(out)
-end
-
--- Create the current generation's filter if it is missing, at its final size at once: growing
--- bit by bit would leave it in a buffer twice as large.
-local function create_filter(key)
-  redis.call('SET', key, rep('\0', filter_size))
-  redis.call('EXPIREAT', key, deadline)
 end
 
 local hits, order = {}, {}
 local NONE = {}
-local at, r = 1, 0  -- byte position in records, records of the shards before
+local at, r = 1, 0  -- byte position in records, index of the last record read
 
 for s, base in ipairs(KEYS) do
-  local count = sunpack('>I4', counts, 4 * s - 3)
-  local pos, mask, lo, hi = filter_positions(bits, r + 1, count, bucket_bytes)
-  local gen_base, present, cur_span = {}, {}, nil
+  local count = sunpack('>I4', ARGV[7], 4 * s - 3)
+  local lo, hi = r + 1, r + count
+  local gen_base, present, reads = {}, {}, bit_reads(bit_offsets, lo, hi)
   for gen = first_gen, cur do
-    local span
     gen_base[gen] = base .. ':' .. gen .. ':'
-    present[gen], span = filter_read(base .. ':f:' .. gen, bits, r + 1, pos, mask, lo, hi)
-    if gen == cur then cur_span = span end
+    present[gen] = read_bits(base .. ':f:' .. gen, reads)
   end
   local cur_filter = base .. ':f:' .. cur
   local present_cur = present[cur]
-  local set_now = {}   -- bits of the current filter this call sets, by their decimal text
-  local written = {}   -- with a span: filter byte position -> its value with those bits
-  local new_bits = {}  -- without: the bits, in order
-  local touched = {}   -- bucket key -> whether it needs its TTL set
+  local set_now, new_bits, touched = {}, {}, {}
 
   for i = 1, count do
-    local p, tenant, doc, kind, bucket, field, offset, mine_entry, next_at = sunpack(format, records, at)
+    r = r + 1
+    local pos, tenant, doc, kind, bucket, field, offset, mine_entry, next_at = sunpack(format, records, at)
     at = next_at
-    local bit_arg = bits[r + i]
+    local bit_arg = bit_offsets[r]
     local merged, tenants, common, current = NONE, NONE, false, nil
     for gen = first_gen, cur do
       if present[gen][i] == 1 or (gen == cur and set_now[bit_arg]) then
@@ -113,9 +92,7 @@ for s, base in ipairs(KEYS) do
           if gen == cur then current = value end
           if value == COMMON then common = true break end
           if merged == NONE then merged, tenants = {}, {} end
-          each(value, function(t, d, o, k)
-            if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
-          end)
+          merge(value, merged, tenants)
         end
       end
     end
@@ -136,10 +113,10 @@ for s, base in ipairs(KEYS) do
           if kind == RESPONSE then hit = band(e[3], PROMPT) == PROMPT and not self_prompt
           else hit = e[3] == RESPONSE end
           if t ~= tenant and hit then
-            local hk = p .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
+            local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
             local h = hits[hk]
             if h then h[5] = h[5] + 1 else
-              hits[hk] = {p, t, e[1], e[3], 1}
+              hits[hk] = {pos, t, e[1], e[3], 1}
               order[#order + 1] = hk
             end
           end
@@ -177,48 +154,23 @@ for s, base in ipairs(KEYS) do
     if new_value then
       local key = gen_base[cur] .. bucket
       redis.call('HSET', key, field, new_value)
-      local fp = pos[i]
-      if touched[key] == nil then
-        -- Its first write in this call: before it, its bucket's filter bytes tell whether it exists.
-        if cur_span == nil or cur_span == '' then
-          touched[key] = true
-        else
-          local start = fp - fp % bucket_bytes - lo + 1
-          touched[key] = sub(cur_span, start, start + bucket_bytes - 1) == empty_bucket
-        end
-      end
+      touched[key] = true
       if present_cur[i] == 0 and not set_now[bit_arg] then
         set_now[bit_arg] = true
-        if lo then
-          written[fp] = bor(written[fp] or (cur_span == '' and 0 or byte(cur_span, fp - lo + 1)), mask[i])
-        else
-          new_bits[#new_bits + 1] = bit_arg
-        end
+        new_bits[#new_bits + 1] = bit_arg
       end
     end
   end
-  r = r + count
 
-  if cur_span == '' and next(written) then
-    create_filter(cur_filter)
-    cur_span = rep('\0', hi - lo + 1)
-  end
-  if next(written) then
-    redis.call('SETRANGE', cur_filter, splice(cur_span, lo, written))
-  elseif #new_bits > 0 then
-    if redis.call('EXISTS', cur_filter) == 0 then create_filter(cur_filter) end
-    for from = 1, #new_bits, CHUNK do
-      local args, n = {}, 0
-      for j = from, math.min(#new_bits, from + CHUNK - 1) do
-        args[n + 1] = 'SET'; args[n + 2] = 'u1'; args[n + 3] = new_bits[j]; args[n + 4] = '1'
-        n = n + 4
-      end
-      redis.call('BITFIELD', cur_filter, unpack(args))
+  if #new_bits > 0 then
+    if redis.call('EXISTS', cur_filter) == 0 then
+      -- At its final size at once: growing bit by bit would leave it in a buffer twice as large.
+      redis.call('SET', cur_filter, string.rep('\0', filter_bytes))
+      redis.call('EXPIREAT', cur_filter, deadline)
     end
+    set_bits(cur_filter, new_bits)
   end
-  for key, new in pairs(touched) do
-    if new then redis.call('EXPIREAT', key, deadline) end
-  end
+  for key in pairs(touched) do redis.call('EXPIREAT', key, deadline) end
 end
 
 local out = {}
