@@ -117,7 +117,7 @@ async def test_every_bucket_size_keeps_the_contract(settings: Settings, bits: in
 
 @pytest.mark.parametrize("bits", [16, 24])
 async def test_thousands_of_records_in_one_shard_are_read_in_chunks(settings: Settings, bits: int) -> None:
-    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit), whatever the filter size."""
+    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit), at any filter size."""
     r = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
     rng = np.random.default_rng(5)
     values = np.unique((rng.integers(0, 2**56, 2500, dtype=np.uint64)) | np.uint64(0x5A << 56))  # all in shard 5a
