@@ -22,7 +22,7 @@ import numpy as np
 from service import metrics, tracing
 from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
-from service.index.base import Doc, DocMeta, Hit, Index, Kind, kind_name
+from service.index.base import Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
     Match,
     Run,
@@ -117,23 +117,33 @@ class Matcher:
                 wanted[doc.ref] = doc.tenant
         found = {ref: metas[ref] for ref in wanted if ref in metas}
         found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
+        todo = [
+            (tenant_ref, meta)
+            for ref, tenant_ref in sorted(wanted.items())
+            if (meta := found.get(ref)) is not None and meta.values is not None and meta.offsets is not None
+        ]  # the others aged out of the window
+        if not todo:
+            return []
+        # One lookup for all of them: a response's fingerprints spread over most shards, so
+        # looking them up together reads each shard's filters once, not once per response.
+        sizes = [len(meta.values) for _, meta in todo if meta.values is not None]
+        everything = await self._index.lookup(ns, np.concatenate([meta.values for _, meta in todo]), now)
+        ends = np.cumsum(sizes).tolist()
         drafts = []
-        for ref, tenant_ref in sorted(wanted.items()):
-            meta = found.get(ref)
-            if meta is None or meta.values is None or meta.offsets is None:
-                continue  # the response aged out of the window
-            draft = await self._evaluate(ns, tenant_ref, meta, known, now)
+        for (tenant_ref, meta), end, size in zip(todo, ends, sizes, strict=True):
+            draft = await self._evaluate(ns, tenant_ref, meta, everything[end - size : end], known, now)
             if draft is not None:
                 drafts.append(draft)
         return drafts
 
-    async def _evaluate(self, ns: str, recipient: int, meta: DocMeta, known: Known, now: float) -> FindingDraft | None:
+    async def _evaluate(
+        self, ns: str, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, now: float
+    ) -> FindingDraft | None:
         assert meta.values is not None
         assert meta.offsets is not None
         matches: dict[tuple[str, int], list[Match]] = {}  # by ("tenant", ref) or ("canary", id)
         allowed = known.allowed(meta.values)
         canary_pos = known.canaries.find(meta.values)
-        lookups = await self._index.lookup(ns, meta.values, now)
         counted = ~allowed  # fingerprints that could be evidence (for run purity)
         for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
             if allowed[i]:
