@@ -118,7 +118,7 @@ class Matcher:
         found = {ref: metas[ref] for ref in wanted if ref in metas}
         found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
         todo = [
-            (tenant_ref, meta)
+            (tenant_ref, meta, meta.values)
             for ref, tenant_ref in sorted(wanted.items())
             if (meta := found.get(ref)) is not None and meta.values is not None and meta.offsets is not None
         ]  # the others aged out of the window
@@ -126,12 +126,13 @@ class Matcher:
             return []
         # One lookup for all of them: a response's fingerprints spread over most shards, so
         # looking them up together reads each shard's filters once, not once per response.
-        sizes = [len(meta.values) for _, meta in todo if meta.values is not None]
-        everything = await self._index.lookup(ns, np.concatenate([meta.values for _, meta in todo]), now)
-        ends = np.cumsum(sizes).tolist()
+        everything = await self._index.lookup(ns, np.concatenate([values for _, _, values in todo]), now)
         drafts = []
-        for (tenant_ref, meta), end, size in zip(todo, ends, sizes, strict=True):
-            draft = await self._evaluate(ns, tenant_ref, meta, everything[end - size : end], known, now)
+        start = 0
+        for tenant_ref, meta, values in todo:
+            lookups = everything[start : start + len(values)]
+            start += len(values)
+            draft = await self._evaluate(ns, tenant_ref, meta, lookups, known, now)
             if draft is not None:
                 drafts.append(draft)
         return drafts

@@ -6,10 +6,10 @@
 -- ARGV[7] records, grouped by shard: position u32 (in the caller's array), bucket bytes, field
 -- bytes (cut by the caller, as for insert.lua); ARGV[8] each record's bit in its shard's presence
 -- filters, decimal, space-separated.
--- Keys, filters and stored values as in insert.lua; common.lua comes first. Returns one string of 17-byte rows, big-endian:
--- position u32, tenant u32, doc u32, offset u32, kinds u8; one row per entry of each fingerprint
--- that has entries, or one row with kinds 0 when it is common. (A string, not a list of integers:
--- it is what the caller decodes fastest.)
+-- Keys, filters and stored values as in insert.lua; common.lua comes first.
+-- Returns one string of 17-byte rows, big-endian: position u32, tenant u32, doc u32, offset u32,
+-- kinds u8; one row per entry of each fingerprint that has entries, or one row with kinds 0 when
+-- it is common. (A string, not a list of integers: it is what the caller decodes fastest.)
 
 local cur = tonumber(ARGV[1])
 local gens = tonumber(ARGV[2])
