@@ -22,6 +22,16 @@ from service.sim.engine import Signal
 log = logging.getLogger("bleedwatch.sim")
 
 
+def _error_code(resp: httpx.Response) -> str:
+    """The error code of a refusal (service/errors.py's shape), never its body: logs carry no text."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return "(no JSON error body)"
+    code = body.get("error") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else "(no error code)"
+
+
 class Reporter:
     def __init__(
         self,
@@ -58,7 +68,7 @@ class Reporter:
             log.warning("bleedwatch unreachable, config not reported: %r", exc)
             return None
         if resp.status_code not in (200, 201):
-            log.warning("bleedwatch refused the config: %s %s", resp.status_code, resp.text[:300])
+            log.warning("bleedwatch refused the config: %s %s", resp.status_code, _error_code(resp))
             return None
         record: dict[str, Any] = resp.json()
         return record
@@ -94,7 +104,7 @@ class Reporter:
             elif resp.status_code in (429, 502, 503, 504):
                 self._pending = batch + self._pending
             else:
-                log.error("bleedwatch refused %d signals: %s %s", len(batch), resp.status_code, resp.text[:300])
+                log.error("bleedwatch refused %d signals: %s %s", len(batch), resp.status_code, _error_code(resp))
 
     async def aclose(self) -> None:
         if self._task is not None:
