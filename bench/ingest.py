@@ -14,6 +14,11 @@ sustained rate. Open loop (``--rate`` fingerprints/s): batches are sent on a fix
 whatever the answers, and latency is counted from the scheduled send time, so a stalled server
 shows up as latency rather than as a politely slower client.
 
+Batches are sent as the SDK sends them, with ``Prefer: respond-async``: the answer comes once the
+batch is durably queued, and the service's workers index and match it after. The sustained rate
+counts until the queue is empty, so it is the processing rate; the batch latency is what the
+gateway waits. ``--wait`` sends without the preference: each answer waits for processing.
+
 Prints exchanges/s, fingerprints/s, batch latency p50/p99, the findings the leaks produced, the
 CPU each party used (service workers, Redis, this load generator) and, in the same run,
 Redis' own ceiling from ``redis-benchmark -P 64``.
@@ -34,11 +39,13 @@ import httpx
 import orjson
 import redis
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import Mix, Poster, batches, chat_texts, cpu_seconds, fingerprint_all, percentile, process_tree
 from bench.service import redis_nodes, running_service
+from service.index.keys import Keys
 
 
 def redis_ceiling(url: str, cluster: bool) -> float:
@@ -116,6 +123,33 @@ async def open_loop(poster: Poster, requests: list[tuple[bytes, int, int]], rate
     return latencies
 
 
+async def drained(client: redis.Redis | redis.RedisCluster, key: str) -> None:
+    """Until the service's ingest queue is empty: every accepted batch processed."""
+    while True:
+        if not client.xlen(key):
+            return
+        await asyncio.sleep(0.01)
+
+
+def queue_seconds(url: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of the service's queue-to-processed histogram."""
+    buckets = []
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if family.name == "bleedwatch_ingest_queue_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    buckets.append((float(sample.labels["le"]), sample.value))
+    return sorted(buckets)
+
+
+def bucket_quantile(before: list[tuple[float, float]], after: list[tuple[float, float]], q: float) -> float:
+    """The bucket bound below which ``q`` of the observations between the two scrapes fall."""
+    counts = dict(before)
+    delta = [(le, n - counts.get(le, 0.0)) for le, n in after]
+    total = delta[-1][1] if delta else 0.0
+    return next((le for le, n in delta if total and n >= q * total), float("nan"))
+
+
 def all_findings(url: str, token: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor = None
@@ -141,6 +175,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers of the service")
     p.add_argument("--warmup", type=float, default=0.05, help="share of batches sent before timing")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--wait", action="store_true", help="answers after processing (no Prefer: respond-async)")
     p.add_argument(
         "--shared-redis", action="store_true", help="use BLEEDWATCH_TEST_REDIS_URL, not a redis-server of its own"
     )
@@ -176,11 +211,23 @@ def main() -> None:
         pids = process_tree(service.pid)
 
         commands: dict[str, tuple[int, int]] = {}
+        queue_key = Keys(service.env["BLEEDWATCH_KEY_PREFIX"]).queue
+        queue_client = (
+            redis.RedisCluster.from_url(service.redis_url)
+            if args.cluster_masters
+            else redis.Redis.from_url(service.redis_url)
+        )
+        answered = 0.0
+        lag: dict[str, list[tuple[float, float]]] = {}
 
         async def run() -> tuple[list[float], float, float, float, float]:
-            async with Poster("127.0.0.1", port, token, connections=max(args.concurrency, args.connections)) as poster:
+            nonlocal answered
+            connections = max(args.concurrency, args.connections)
+            async with Poster("127.0.0.1", port, token, connections, respond_async=not args.wait) as poster:
                 wire = [(poster.request(b), n, f) for b, n, f in timed]
                 await closed_loop(poster, [(poster.request(b), n, f) for b, n, f in warmup], args.concurrency)
+                await drained(queue_client, queue_key)
+                lag["before"] = queue_seconds(service.url)
                 cpu_service = sum(cpu_seconds(pid) for pid in pids)
                 cpu_redis = redis_cpu(nodes)
                 commands.update(command_usec(nodes))
@@ -190,7 +237,10 @@ def main() -> None:
                     latencies = await open_loop(poster, wire, args.rate)
                 else:
                     latencies = await closed_loop(poster, wire, args.concurrency)
+                answered = time.perf_counter() - start
+                await drained(queue_client, queue_key)
                 elapsed = time.perf_counter() - start
+                lag["after"] = queue_seconds(service.url)
                 after = command_usec(nodes)
                 for name, (calls, usec) in after.items():
                     before = commands.get(name, (0, 0))
@@ -217,7 +267,12 @@ def main() -> None:
         f"{len(timed)} timed batches of {args.batch} exchanges ({warm} more as warm-up), {mode}, "
         f"{args.workers} worker(s)"
     )
-    print(f"  {timed_ex / elapsed:,.0f} exchanges/s, {fps_rate:,.0f} fingerprints/s ({timed_fps:,} in {elapsed:.1f} s)")
+    print(
+        f"  {timed_ex / elapsed:,.0f} exchanges/s, {fps_rate:,.0f} fingerprints/s ({timed_fps:,} in {elapsed:.1f} s, "
+        f"all answered by {answered:.1f} s)"
+    )
+    queued_p50, queued_p99 = (bucket_quantile(lag["before"], lag["after"], q) for q in (0.5, 0.99))
+    print(f"  accepted to processed (the service's histogram): p50 <= {queued_p50:g} s, p99 <= {queued_p99:g} s")
     print(
         f"  batch latency p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
         f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms"
@@ -272,6 +327,7 @@ def main() -> None:
                 "fps_s": fps_rate,
                 "p50_ms": percentile(latencies, 0.5) * 1000,
                 "p99_ms": percentile(latencies, 0.99) * 1000,
+                "queued_p99_s": queued_p99,
                 "findings": findings,
                 "redis_set_ceiling": ceiling,
             }

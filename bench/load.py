@@ -148,6 +148,7 @@ class Poster:
     port: int
     token: str
     connections: int = 8
+    respond_async: bool = True  # as the SDK: answered once queued (False: once processed)
     _pool: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(init=False)
 
     async def __aenter__(self) -> Poster:
@@ -164,7 +165,9 @@ class Poster:
     def request(self, body: bytes, path: str = "/v1/exchanges") -> bytes:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            + ("Prefer: respond-async\r\n" if self.respond_async else "")
+            + "\r\n"
         ).encode()
         return head + body
 

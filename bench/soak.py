@@ -13,7 +13,9 @@ ids), which keeps their structure (sizes, offsets, shared and leaked spans) and 
 round's fingerprints new to the index.
 
 Every ``--sample-seconds`` it records the service workers' RSS, Redis' ``used_memory`` and key
-count, the batches answered and any that were not 202; at the end it prints the samples and
+count, the batches answered and any that were not 202, and the batches waiting in the ingest
+queue (answers come once a batch is queued, as the SDK asks: a queue that stays short is
+processing keeping up); at the end it prints the samples and
 the change of each figure over the part of the run after the retention window (first the window
 fills, then it must stay flat). Not part of CI.
 """
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import Mix, Poster, chat_texts, fingerprint_all, fingerprint_count, percentile, process_tree
 from bench.service import running_service
+from service.index.keys import Keys
 
 RETENTION_SECONDS = 60
 _POOL: list[dict[str, Any]] = []
@@ -116,6 +119,7 @@ def main() -> None:
         token = service.key("ingest")
         pids = process_tree(service.pid)
         rclient = redis.Redis.from_url(service.redis_url)
+        queue_key = Keys(service.env["BLEEDWATCH_KEY_PREFIX"]).queue
 
         def index_keys() -> int:
             return int(rclient.dbsize())
@@ -160,6 +164,7 @@ def main() -> None:
                                     "rss_mb": rss_mb(pids),
                                     "redis_mb": int(info["used_memory"]) / 1e6,
                                     "keys": await asyncio.to_thread(index_keys),
+                                    "queued": int(rclient.xlen(queue_key)),
                                     "batches": len(latencies),
                                     "errors": sum(errors.values()),
                                     "fps": sent_fps,
@@ -168,7 +173,8 @@ def main() -> None:
                             s = samples[-1]
                             print(
                                 f"  {s['t']:6.0f} s  service RSS {s['rss_mb']:6.0f} MB  Redis {s['redis_mb']:7.1f} MB "
-                                f"{s['keys']:8.0f} keys  {s['batches']:7.0f} batches  errors {s['errors']:.0f}",
+                                f"{s['keys']:8.0f} keys  {s['batches']:7.0f} batches  {s['queued']:4.0f} queued  "
+                                f"errors {s['errors']:.0f}",
                                 flush=True,
                             )
                             next_sample += args.sample_seconds
@@ -187,7 +193,7 @@ def main() -> None:
     )
     if len(late) >= 2:
         first, last = late[0], late[-1]
-        for name, unit in (("rss_mb", "MB"), ("redis_mb", "MB"), ("keys", "keys")):
+        for name, unit in (("rss_mb", "MB"), ("redis_mb", "MB"), ("keys", "keys"), ("queued", "batches queued")):
             values = [s[name] for s in late]
             print(
                 f"  after {window:.0f} s: {name} from {first[name]:,.1f} to {last[name]:,.1f} {unit} "

@@ -41,6 +41,7 @@ from service.ingest.decode import Limits
 from service.ingest.outbox import FindingsWriter
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
+from service.ingest.worker import IngestWorker
 from service.json_only import JsonOnly
 from service.logging import RequestContext
 from service.matching.evidence import Thresholds
@@ -131,12 +132,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limiter = make_limiter(settings)
         # Findings held while the database was down, written by every replica when it is back.
         writer = FindingsWriter(sessions, index.outbox())
+        matcher = Matcher(index, known, thresholds(settings))
+        ingestor = Ingestor(index, matcher, sessions, limits, writer, settings.ingest_queue_max_batches)
+        worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,
             sessions=sessions,
             index=index,
-            ingestor=Ingestor(index, Matcher(index, known, thresholds(settings)), sessions, limits, writer),
+            ingestor=ingestor,
             known=known,
             keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
             risk=risk,
@@ -145,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         await risk.start()  # the risk gauges, from the database, before the first scrape
         writer.start()
+        worker.start()
         await incidents.start()
         await retention.start()
         if webhooks is not None:
@@ -152,6 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await worker.stop()  # after uvicorn has answered every request: SIGTERM drains
             await writer.stop()
             if webhooks is not None:
                 await webhooks.stop()

@@ -78,6 +78,12 @@ def _tenants(args: argparse.Namespace) -> int:
     return asyncio.run(run_purge(args))
 
 
+def _queue(args: argparse.Namespace) -> int:
+    from service.ingest.worker import queue_command
+
+    return asyncio.run(queue_command(args.queue_command))
+
+
 def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | None:
     """The gateway key and an API key, from flags or the environment; None after explaining."""
     key = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
@@ -211,6 +217,12 @@ def parser() -> argparse.ArgumentParser:
     tp = tsub.add_parser("purge")
     tp.add_argument("tenant")
     t.set_defaults(func=_tenants)
+
+    q = sub.add_parser("queue", help="the ingest queue: batches waiting, and dead letters to put back")
+    qsub = q.add_subparsers(dest="queue_command", required=True)
+    qsub.add_parser("status", help="batches waiting to be processed, and dead letters")
+    qsub.add_parser("requeue-dead", help="put every dead letter back in the queue, once the bug is fixed")
+    q.set_defaults(func=_queue)
 
     d = sub.add_parser("demo", help="the incident reproduced: a leaky engine, a gateway, bleedwatch; then the fix")
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")

@@ -12,13 +12,14 @@ which would print raw paths; ``RequestContext`` writes the access lines instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.config
 import re
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,16 @@ access_log = logging.getLogger("bleedwatch.access")
 
 def current_request_id() -> str | None:
     return _request_id.get()
+
+
+@contextlib.contextmanager
+def request_id_bound(request_id: str | None) -> Iterator[None]:
+    """Work done later for a request (a queued ingest batch) logs and records that request's id."""
+    token = _request_id.set(request_id)
+    try:
+        yield
+    finally:
+        _request_id.reset(token)
 
 
 class JsonFormatter(logging.Formatter):

@@ -60,6 +60,7 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTI
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # From a response being served to bleedwatch knowing of it: SDK batching, retries, ingest, matching.
+QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 LAG_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0)
 # Powers of two to 512 Ki tokens, then eighths of 1 Mi: fine where KV pools and context lengths sit.
 PROMPT_TOKEN_BUCKETS = (
@@ -88,10 +89,22 @@ FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Finge
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
 # Batches refused inside the ingest handler, by reason; 401s and BodyLimit's 413s: the HTTP counter.
 INGEST_REJECTED = Counter("bleedwatch_ingest_rejected_total", "Ingest batches refused.", ["reason"])
-# Whole ingest call: validation, index, matching, findings.
+# Whole ingest call: validation and queueing, plus processing when the caller waits for it.
 INGEST_DURATION = Histogram(
     "bleedwatch_ingest_duration_seconds", "Time to handle one ingest batch.", buckets=LATENCY_BUCKETS
 )
+# Accepted batches not yet processed (every replica reports the shared queue's length).
+INGEST_QUEUE = Gauge("bleedwatch_ingest_queue_batches", "Batches queued for processing.", multiprocess_mode="max")
+# From acceptance to the end of processing: how far detection runs behind the gateways.
+INGEST_QUEUE_SECONDS = Histogram(
+    "bleedwatch_ingest_queue_seconds", "Time from accepting a batch to processing it.", buckets=QUEUE_BUCKETS
+)
+# Batches refused because the queue was full (answered 503; the SDK retries them).
+INGEST_QUEUE_FULL = Counter("bleedwatch_ingest_queue_full_total", "Batches refused with the queue full.")
+# Processing attempts that failed with something other than an outage (a bug); the batch is retried.
+INGEST_FAILURES = Counter("bleedwatch_ingest_failures_total", "Batch processing attempts that failed.")
+# Batches that failed MAX_DELIVERIES times, moved to the dead letters for an operator.
+INGEST_DEAD_LETTERS = Counter("bleedwatch_ingest_dead_letters_total", "Batches moved to the dead letters.")
 # Matching alone: index insert with hit detection, then evaluation of candidates.
 MATCH_DURATION = Histogram(
     "bleedwatch_match_duration_seconds", "Time to index and cross-match one batch.", buckets=LATENCY_BUCKETS

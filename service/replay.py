@@ -72,7 +72,7 @@ async def replay_records(
 ) -> ReplayResult:
     start = time.perf_counter()
     progress = Progress(len(records))
-    async with BleedwatchClient(url, api_key, batch_size=batch_size) as client:
+    async with BleedwatchClient(url, api_key, batch_size=batch_size, wait_for_processing=True) as client:
         for i, r in enumerate(records, 1):
             await client.submit(
                 fingerprint_exchange(

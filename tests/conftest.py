@@ -11,9 +11,11 @@ time a test asks for one, and tears down at the end.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -148,6 +150,17 @@ class Api:
 
     def headers(self, role: Role | None) -> dict[str, str]:
         return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
+
+    async def processed(self, timeout_seconds: float = 30.0) -> None:
+        """Until every batch accepted so far is processed (answers with respond-async come first)."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            resp = await self.client.get("/v1/queue", headers=self.headers(Role.READ))
+            assert resp.status_code == 200, resp.text
+            if resp.json()["queued"] == 0:
+                return
+            assert time.monotonic() < deadline, "batches still queued"
+            await asyncio.sleep(0.02)
 
 
 async def _create_keys(settings: Settings) -> dict[Role, str]:

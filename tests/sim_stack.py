@@ -57,6 +57,7 @@ class Stack:
     async def flush(self) -> None:
         await self.gateway.flush()
         await self.reporter.flush()
+        await self.api.processed()
 
 
 @asynccontextmanager

@@ -152,4 +152,4 @@ async def test_a_rejected_batch_keeps_nothing(small_api: Api) -> None:
     status, _ = await post(small_api, {"exchanges": [good, one(request_id="bad", key_id="zz")]})
     assert status == 422
     status, body = await post(small_api, {"exchanges": [good]})
-    assert (status, body) == (202, {"accepted": 1, "duplicates": 0, "findings": 0})
+    assert (status, body) == (202, {"accepted": 1, "duplicates": 0, "findings": 0, "processed": True})

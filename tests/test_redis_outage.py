@@ -53,17 +53,19 @@ async def test_ingest_during_a_redis_outage_loses_nothing(own_redis: RedisServer
 
         # The gateway's SDK keeps retrying as told; Redis comes back while it waits.
         transport = api.client._transport  # the same in-process app
-        client = BleedwatchClient("http://bleedwatch.test", api.tokens[Role.INGEST], transport=transport)
+        client = BleedwatchClient(
+            "http://bleedwatch.test", api.tokens[Role.INGEST], transport=transport, wait_for_processing=True
+        )
         sending = asyncio.create_task(client.send([leak, exchange("c", "r-c", words("heapq"), "ok", now)]))
         await asyncio.sleep(1.0)
         assert not sending.done()
         own_redis.start()
         result: dict[str, Any] = await asyncio.wait_for(sending, timeout=60)
         await client.aclose()
-        assert result == {"accepted": 2, "duplicates": 0, "findings": 1}
+        assert result == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
 
         again = await api.client.post("/v1/exchanges", json={"exchanges": [source, leak]}, headers=ingest)
-        assert again.json() == {"accepted": 0, "duplicates": 2, "findings": 0}
+        assert again.json() == {"accepted": 0, "duplicates": 2, "findings": 0, "processed": True}
         assert (await api.client.get("/readyz")).status_code == 200
         found = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
         assert [(f["source_tenant"], f["recipient_request_id"]) for f in found] == [("a", "r-b")]

@@ -29,11 +29,13 @@ class Script:
 
     answers: list[tuple[int, dict[str, str]]]
     seen: list[tuple[float, int]] = field(default_factory=list)
+    prefer: list[str | None] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def ingest(request: Request) -> Response:
             body = orjson.loads(await request.body())
             self.seen.append((time.monotonic(), len(body["exchanges"])))
+            self.prefer.append(request.headers.get("prefer"))
             status, headers = self.answers[min(len(self.seen), len(self.answers)) - 1]
             if status == 202:
                 return JSONResponse({"accepted": len(body["exchanges"]), "duplicates": 0, "findings": 0}, 202)
@@ -67,6 +69,18 @@ async def test_503_is_retried_after_retry_after(scripted: tuple[str, Script]) ->
         assert (await client.send(batch(2)))["accepted"] == 2
     (first, _), (second, _) = script.seen
     assert second - first >= 0.9  # a lower bound: the client waited as told
+
+
+@pytest.mark.parametrize("scripted", [[(202, {})]], indirect=True)
+async def test_batches_are_answered_once_queued_unless_the_caller_waits_for_processing(
+    scripted: tuple[str, Script],
+) -> None:
+    url, script = scripted
+    async with BleedwatchClient(url, "bw_k_s") as client:
+        await client.send(batch(1))
+    async with BleedwatchClient(url, "bw_k_s", wait_for_processing=True) as client:
+        await client.send(batch(1))
+    assert script.prefer == ["respond-async", None]
 
 
 @pytest.mark.parametrize("scripted", [[(429, {"Retry-After": "0"}), (429, {}), (202, {})]], indirect=True)

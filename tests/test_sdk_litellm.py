@@ -98,6 +98,7 @@ async def test_a_leak_between_two_litellm_teams_is_found(settings: Settings) -> 
         await logger.async_log_success_event(kwargs, None, START, START)
         assert (logger.submitted, logger.skipped, logger.errors) == (2, 0, 0)
         await logger.flush()
+        await api.processed()
         items = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
         await logger.aclose()
     (f,) = items

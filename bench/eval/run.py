@@ -42,7 +42,9 @@ from service.sdk.exchange import fingerprint_exchange
 async def replay(service: Running, traffic: Traffic, key: bytes, batch: int, params: Params) -> float:
     token = service.key("ingest")
     start = time.perf_counter()
-    async with BleedwatchClient(service.url, token, batch_size=batch, flush_seconds=3600) as client:
+    async with BleedwatchClient(
+        service.url, token, batch_size=batch, flush_seconds=3600, wait_for_processing=True
+    ) as client:
         for i, ex in enumerate(traffic.order):
             w = wire(ex)
             await client.submit(

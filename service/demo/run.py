@@ -91,6 +91,13 @@ def _when(iso: str) -> str:
     return datetime.fromisoformat(iso).strftime("%H:%M:%S.%f")[:-3]
 
 
+def _processed(reader: httpx.Client, timeout_seconds: float = 60.0) -> None:
+    """Until bleedwatch has processed every batch the gateway delivered (answered once queued)."""
+    deadline = time.monotonic() + timeout_seconds
+    while reader.get("/v1/queue").json()["queued"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _run_engine(
     mode: Mode, traffic: list[Planned], bw_url: str, tokens: dict[Role, str], key: bytes, reader: httpx.Client
 ) -> Run:
@@ -117,6 +124,7 @@ def _run_engine(
             sent = asyncio.run(traffic_run())
         # Leaving the gateway and the engine shuts them down: the gateway flushes its last
         # exchanges to bleedwatch, the engine its last signals.
+    _processed(reader)
     since = {"since": started.isoformat()}
     findings = reader.get("/v1/findings", params=since | {"limit": "500"}).json()["items"]
     signals = reader.get("/v1/signals", params=since | {"deployment": config.deployment}).json()["items"]

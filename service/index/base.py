@@ -112,11 +112,52 @@ class Outbox(Protocol):
     async def size(self) -> int: ...
 
 
+class Queue(Protocol):
+    """Accepted ingest batches, until a replica has indexed and matched them.
+
+    Durable where the index is (a Redis Stream), so a batch answered 202 is never lost: one
+    replica ``take``-s it, and ``finish``-es it with its result once processed; a batch taken by
+    a replica that died is ``reclaim``-ed by another after ``min_idle_seconds``, with its count of
+    deliveries, and a batch that keeps failing is ``bury``-ed where an operator can see it.
+    Processing twice is harmless (service/ingest/service.py). service/ingest/worker.py drives it.
+    """
+
+    durable: bool
+
+    async def put(self, item: bytes, max_items: int) -> str | None:
+        """The new item's id, or None when ``max_items`` are already waiting."""
+        ...
+
+    async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None: ...
+
+    async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]: ...
+
+    async def finish(self, item_id: str, result: bytes) -> None: ...
+
+    async def bury(self, item_id: str, item: bytes) -> None: ...
+
+    async def result(self, item_id: str) -> bytes | None:
+        """What ``finish`` recorded, for a few minutes; None before."""
+        ...
+
+    async def size(self) -> int: ...
+
+    async def dead_size(self) -> int: ...
+
+    async def requeue_dead(self, count: int) -> int:
+        """Put up to ``count`` buried items back in the queue (once the bug is fixed); how many."""
+        ...
+
+
 class Index(Protocol):
     """Every method is one bounded batch of work, never a round trip per fingerprint."""
 
     def outbox(self) -> Outbox:
         """Where findings wait while the database is down (same backend as the index)."""
+        ...
+
+    def queue(self) -> Queue:
+        """Where accepted batches wait to be processed (same backend as the index)."""
         ...
 
     async def ping(self) -> None: ...

@@ -9,6 +9,9 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 - ``p:{<ns>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
 - ``p:{<ns>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
+- ``p:{p:queue}:exchanges``                stream of accepted ingest batches not yet processed
+- ``p:{p:queue}:dead``                     batches that failed processing too often, kept for an operator
+- ``p:{p:queue}:result:<id>``              what processing one batch concluded, for a caller waiting on it
 - ``p:rl:v1:{<api key id>}``               token bucket of one API key (service/ratelimit.py), short TTL
 
 The hash tag of the index keys is the key id and the fingerprint's first byte, so one Lua
@@ -83,6 +86,17 @@ class Keys:
     @property
     def outbox(self) -> str:
         return f"{self.prefix}:{{{self.prefix}:outbox}}:findings"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:queue}}:exchanges"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:queue}}:dead"
+
+    def queue_result(self, item_id: str) -> str:
+        return f"{self.prefix}:{{{self.prefix}:queue}}:result:{item_id}"
 
     def rate_limit(self, api_key_id: str) -> str:
         return f"{self.prefix}:rl:v1:{{{api_key_id}}}"

@@ -9,9 +9,10 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox
+from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
 from service.index.keys import DOC_REF_LIMIT
 from service.index.outbox import MemoryOutbox
+from service.index.queue import MemoryQueue
 from service.index.window import Window
 
 # A generation's fingerprint table: value -> entries by tenant, or None once common.
@@ -29,11 +30,17 @@ class MemoryIndex:
         self._tenants: dict[str, int] = {}
         self._doc_seq = itertools.count(1)
         self._outbox: Outbox | None = None
+        self._queue: Queue | None = None
 
     def outbox(self) -> Outbox:
         if self._outbox is None:
             self._outbox = MemoryOutbox()
         return self._outbox
+
+    def queue(self) -> Queue:
+        if self._queue is None:
+            self._queue = MemoryQueue()
+        return self._queue
 
     async def ping(self) -> None:
         return None

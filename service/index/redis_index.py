@@ -34,9 +34,10 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from service import metrics
 from service.fingerprint.scheme import Params
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox
+from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
+from service.index.queue import RedisQueue
 from service.index.window import Window
 
 # A single Redis runs consecutive shards in one Lua call, up to this many records: few round
@@ -248,6 +249,7 @@ class RedisIndex:
         self._doc_refs_script = LuaScript.of(_DOC_REFS)
         self._tenant_cache: dict[str, int] = {}
         self._outbox: Outbox | None = None
+        self._queue: Queue | None = None
 
     @property
     def client(self) -> RedisClient:
@@ -257,6 +259,11 @@ class RedisIndex:
         if self._outbox is None:
             self._outbox = RedisOutbox(self._r, self._keys)
         return self._outbox
+
+    def queue(self) -> Queue:
+        if self._queue is None:
+            self._queue = RedisQueue(self._r, self._keys)
+        return self._queue
 
     @property
     def keys(self) -> Keys:

@@ -3,12 +3,12 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
 from service import metrics
-from service.auth.deps import require
+from service.auth.deps import READERS, require
 from service.auth.keys import Caller, Role
 from service.deps import Deps
 from service.errors import (
@@ -21,7 +21,7 @@ from service.errors import (
     UnsupportedMediaType,
     responses,
 )
-from service.ingest.schemas import Batch, DropReport, DropResult, IngestResult
+from service.ingest.schemas import Batch, DropReport, DropResult, IngestResult, QueueStatus
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 _batch = TypeAdapter(Batch)
@@ -38,11 +38,15 @@ _batch = TypeAdapter(Batch)
     },
 )
 async def ingest_exchanges(
-    request: Request, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
+    request: Request, response: Response, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
 ) -> IngestResult:
-    """Answered 202 only once every exchange is indexed and its findings are stored.
+    """Answered 202 once the batch is durably queued, and by default once it is processed too.
 
-    Idempotent on (tenant, request_id): a retried batch reports its exchanges as duplicates.
+    With ``Prefer: respond-async`` (RFC 7240; what the SDK sends) the answer comes as soon as
+    the batch is queued, ``processed: false``; without it, once a replica has indexed and matched
+    it (``processed: true``, with its findings), or after BLEEDWATCH_INGEST_WAIT_SECONDS, queued.
+    Either way nothing answered 202 is lost. Idempotent on (tenant, request_id): a retried batch
+    reports its exchanges as duplicates.
     """
     with metrics.INGEST_DURATION.time():
         try:
@@ -55,13 +59,33 @@ async def ingest_exchanges(
                 batch = _batch.validate_json(body)
             except ValidationError as exc:
                 raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-            return await deps.ingestor.ingest(batch, caller)
+            accepted = await deps.ingestor.accept(batch, body, caller)
+            if _prefers_async(request.headers.getlist("prefer")):
+                response.headers["Preference-Applied"] = "respond-async"
+                return accepted.queued
+            return await deps.ingestor.wait(accepted, deps.settings.ingest_wait_seconds)
         except ApiError as exc:
             metrics.INGEST_REJECTED.labels(exc.error).inc()
             raise
         except RequestValidationError:
             metrics.INGEST_REJECTED.labels("invalid").inc()
             raise
+
+
+@router.get(
+    "/queue",
+    response_model=QueueStatus,
+    summary="Accepted batches waiting to be processed, and dead letters",
+    responses=responses(Unauthorized, Forbidden, Unavailable),
+)
+async def queue_status(deps: Deps, _: Annotated[Caller, Depends(require(*READERS))]) -> QueueStatus:
+    """The queue every replica shares: ``queued`` 0 means everything accepted so far is processed."""
+    queue = deps.index.queue()
+    return QueueStatus(queued=await queue.size(), dead_letters=await queue.dead_size())
+
+
+def _prefers_async(values: list[str]) -> bool:
+    return any(p.split(";")[0].strip().lower() == "respond-async" for v in values for p in v.split(","))
 
 
 @router.post(

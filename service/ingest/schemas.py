@@ -67,9 +67,24 @@ class Batch(BaseModel):
 
 
 class IngestResult(BaseModel):
-    accepted: int = Field(description="Exchanges indexed and matched by this call.")
+    accepted: int = Field(description="Exchanges of this batch not ingested before: queued, and indexed if processed.")
     duplicates: int = Field(description="Exchanges already ingested earlier (same tenant and request id).")
-    findings: int = Field(description="Findings created or extended by this call.")
+    findings: int | None = Field(
+        description="Findings created or extended by this batch; null until it is processed (see processed)."
+    )
+    processed: bool = Field(
+        False,
+        description="True once the batch is indexed and matched; false when answered as soon as it was durably "
+        "queued (Prefer: respond-async, or processing took longer than BLEEDWATCH_INGEST_WAIT_SECONDS).",
+    )
+
+
+class QueueStatus(BaseModel):
+    queued: int = Field(description="Accepted batches not yet processed (indexed, matched, findings stored).")
+    dead_letters: int = Field(
+        description="Batches that failed processing 5 times: not matched until put back "
+        "(bleedwatch queue requeue-dead, docs/runbooks/ingest-backlog.md)."
+    )
 
 
 class DropReport(BaseModel):

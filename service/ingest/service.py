@@ -1,31 +1,49 @@
-"""The one path of an exchange: validate, dedupe, index, cross-match, store findings.
+"""The one path of an exchange: accept (validate, queue), then process (dedupe, index, cross-match, store findings).
 
-A batch is answered 202 only after all of it is indexed and its findings are committed (or,
-with the database unreachable, held in the outbox: service/ingest/outbox.py); an idempotency
-mark per (tenant, request id) is written last, so a batch retried after any failure is
-re-processed, and re-processing is harmless (the index keeps one entry per tenant, findings
-are upserts).
+``accept`` answers the gateway as soon as the batch is durably queued (service/index/queue.py);
+a replica's worker (service/ingest/worker.py) then calls ``process``. A batch is processed at
+least once: all of it is indexed and its findings committed (or, with the database unreachable,
+held in the outbox: service/ingest/outbox.py) before the idempotency mark per (tenant, request
+id) is written, and the queue entry is finished last. A batch processed again after any failure
+is harmless: the index keeps one entry per tenant, findings are upserts, and exchanges already
+marked are counted as duplicates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics, tracing
 from service.auth.keys import Caller
-from service.errors import Forbidden
+from service.errors import Forbidden, Unavailable
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
 from service.ingest.outbox import FindingsWriter
 from service.ingest.schemas import Batch, Exchange, IngestResult
+from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
 
 log = logging.getLogger(__name__)
+
+QUEUE_FULL_RETRY_SECONDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    item_id: str | None  # None: nothing was queued (every exchange a duplicate)
+    queued: IngestResult  # the answer before processing
+
+
+def _envelope(request_id: str | None, body: bytes) -> bytes:
+    """The accepting request's id (never a newline: service/logging.py), a newline, the batch."""
+    return (request_id or "").encode() + b"\n" + body
 
 
 def _idempotency_key(ex: Exchange) -> str:
@@ -40,21 +58,67 @@ class Ingestor:
         sessions: async_sessionmaker[AsyncSession],
         limits: Limits,
         writer: FindingsWriter | None = None,
+        queue_max_batches: int = 10_000,
     ) -> None:
         self._index = index
+        self._queue = index.queue()
+        self.queue_max_batches = queue_max_batches
         self._matcher = matcher
         self._sessions = sessions
         self.limits = limits
         self._writer = writer or FindingsWriter(sessions, index.outbox())
 
-    @tracing.traced("ingest")
-    async def ingest(self, batch: Batch, caller: Caller) -> IngestResult:
+    @tracing.traced("accept")
+    async def accept(self, batch: Batch, body: bytes, caller: Caller) -> Accepted:
+        """Everything that can refuse a batch happens here, before it is queued; nothing after."""
         now = time.time()
         check_batch(batch, self.limits, now)
         if caller.tenants is not None:
             for i, ex in enumerate(batch.exchanges):
                 if ex.tenant not in caller.tenants:
                     raise Forbidden(f"exchanges[{i}].tenant: this API key may not report for that tenant")
+        for i, ex in enumerate(batch.exchanges):
+            decode_exchange(ex, i, self.limits)
+        done = await self._index.done([_idempotency_key(ex) for ex in batch.exchanges], now)
+        duplicates = sum(done)
+        if duplicates == len(batch.exchanges):  # a retry of a batch already processed
+            metrics.EXCHANGES_DUPLICATE.inc(duplicates)
+            return Accepted(None, IngestResult(accepted=0, duplicates=duplicates, findings=0, processed=True))
+        item_id = await self._queue.put(_envelope(current_request_id(), body), self.queue_max_batches)
+        if item_id is None:
+            metrics.INGEST_QUEUE_FULL.inc()
+            raise Unavailable(
+                f"the ingest queue is full ({self.queue_max_batches} batches wait to be processed); "
+                "retry later, nothing of this batch was kept",
+                headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)},
+            )
+        queued = IngestResult(accepted=len(batch.exchanges) - duplicates, duplicates=duplicates, findings=None)
+        return Accepted(item_id, queued)
+
+    async def wait(self, accepted: Accepted, timeout_seconds: float) -> IngestResult:
+        """The batch's result once a replica has processed it; the queued answer if that takes too long."""
+        if accepted.item_id is None:
+            return accepted.queued
+        deadline = time.monotonic() + timeout_seconds
+        pause = 0.002
+        while True:
+            raw = await self._queue.result(accepted.item_id)
+            if raw is not None:
+                return IngestResult.model_validate_json(raw)
+            if time.monotonic() + pause > deadline:
+                return accepted.queued
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.05)
+
+    async def process(self, item: bytes) -> IngestResult:
+        """Index and match one accepted batch; validated by ``accept``, so nothing here refuses it."""
+        request_id, _, body = item.partition(b"\n")
+        with request_id_bound(request_id.decode() or None):  # logs and incident timelines name the request
+            return await self._process(Batch.model_validate_json(body))
+
+    @tracing.traced("ingest")
+    async def _process(self, batch: Batch) -> IngestResult:
+        now = time.time()
         decoded = [decode_exchange(ex, i, self.limits) for i, ex in enumerate(batch.exchanges)]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, ex in enumerate(batch.exchanges):
@@ -63,7 +127,7 @@ class Ingestor:
         for ns, positions in groups.items():
             a, d, f = await self._ingest_group(ns, batch, decoded, positions, now)
             accepted, duplicates, findings = accepted + a, duplicates + d, findings + f
-        return IngestResult(accepted=accepted, duplicates=duplicates, findings=findings)
+        return IngestResult(accepted=accepted, duplicates=duplicates, findings=findings, processed=True)
 
     async def _ingest_group(
         self, ns: str, batch: Batch, decoded: list[tuple[Decoded, Decoded]], positions: list[int], now: float

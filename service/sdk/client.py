@@ -14,6 +14,11 @@
   Every drop is counted (``dropped``), logged, and reported to the service
   (``POST /v1/sdk/drops``, idempotent), which exports ``bleedwatch_sdk_dropped_exchanges_total``.
 
+The service answers once a batch is durably queued (``Prefer: respond-async``) and indexes and
+matches it right after, so a gateway's batch never waits for matching; ``findings`` counts only
+what answers of processed batches reported (``wait_for_processing=True`` waits for each, for
+replays and tests that want the figure).
+
 ``flush()`` delivers everything queued now and, without a spool, raises ``Undelivered`` or
 ``Rejected`` like ``send`` does, so a caller that needs delivery (a replay) can know.
 """
@@ -92,10 +97,14 @@ class BleedwatchClient:
         transport: httpx.AsyncBaseTransport | None = None,
         spool: Spool | str | os.PathLike[str] | None = None,
         max_pending: int = 20_000,
+        wait_for_processing: bool = False,
     ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        if not wait_for_processing:
+            headers["Prefer"] = "respond-async"
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
-            headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+            headers=headers,
             timeout=timeout_seconds,
             transport=transport,
         )
@@ -295,7 +304,7 @@ class BleedwatchClient:
     def _count(self, result: dict[str, Any]) -> None:
         self.accepted += result["accepted"]
         self.duplicates += result["duplicates"]
-        self.findings += result["findings"]
+        self.findings += result.get("findings") or 0
 
     async def send(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Post one batch until it is accepted, refused for good, or the attempts run out."""

@@ -1,0 +1,230 @@
+"""The two ``Queue`` backends (service/index/base.py): a Redis Stream, and a list in process.
+
+One consumer group for every replica: ``XREADGROUP >`` hands each batch to one replica, which
+``finish``-es it (XACK + XDEL, and the result for a caller waiting on it, in one transaction:
+the keys share a hash tag, so this holds on Redis Cluster too). A replica that dies leaves its
+batches in the group's pending list, where ``reclaim`` finds them once idle long enough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import ResponseError
+
+from service import metrics
+from service.index.keys import Keys
+
+GROUP = "ingest"
+RESULT_SECONDS = 300
+DEAD_LETTERS_KEPT = 10_000
+
+# Bounded: a full queue refuses (the caller retries later) rather than growing Redis without limit.
+_PUT = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('XADD', KEYS[1], '*', 'b', ARGV[2])
+"""
+
+# Dead letters back into the queue, oldest first, atomically (both keys share a hash tag).
+_REQUEUE = """
+local moved = 0
+for _, entry in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', ARGV[1])) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'b' then redis.call('XADD', KEYS[1], '*', 'b', fields[i + 1]) end
+  end
+  redis.call('XDEL', KEYS[2], entry[1])
+  moved = moved + 1
+end
+return moved
+"""
+
+
+class RedisQueue:
+    durable = True
+
+    def __init__(self, client: Redis | RedisCluster, keys: Keys) -> None:
+        self._r = client
+        self._keys = keys
+        self._key = keys.queue
+        self._group_ready = False
+
+    async def _group(self) -> None:
+        if self._group_ready:
+            return
+        metrics.REDIS_ROUND_TRIPS.inc()
+        try:
+            await self._r.xgroup_create(self._key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    async def put(self, item: bytes, max_items: int) -> str | None:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        item_id = await self._r.eval(_PUT, 1, self._key, max_items, item)
+        return None if item_id is None else _id(item_id)
+
+    async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None:
+        await self._group()
+        metrics.REDIS_ROUND_TRIPS.inc()
+        try:
+            reply = await self._r.xreadgroup(
+                GROUP, consumer, {self._key: ">"}, count=1, block=max(1, int(block_seconds * 1000))
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._group_ready = False  # the stream was deleted (FLUSHDB, an operator): make it again
+            return None
+        entries = _entries(reply)
+        return entries[0] if entries else None
+
+    async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]:
+        await self._group()
+        idle_ms = int(min_idle_seconds * 1000)
+        metrics.REDIS_ROUND_TRIPS.inc()
+        pending: list[dict[str, Any]] = await self._r.xpending_range(
+            self._key, GROUP, min="-", max="+", count=count, idle=idle_ms
+        )
+        if not pending:
+            return []
+        deliveries = {_id(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        metrics.REDIS_ROUND_TRIPS.inc()
+        claimed: Any = await self._r.xclaim(self._key, GROUP, consumer, idle_ms, list(deliveries))
+        out, gone = [], []
+        for raw_id, fields in claimed:
+            item_id = _id(raw_id)
+            if fields:
+                out.append((item_id, fields[b"b"], deliveries[item_id] + 1))
+            else:
+                gone.append(item_id)  # finished by its first owner after all, between the two calls
+        if gone:
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await self._r.xack(self._key, GROUP, *gone)
+        return out
+
+    async def finish(self, item_id: str, result: bytes) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.xack(self._key, GROUP, item_id)
+            pipe.xdel(self._key, item_id)
+            pipe.set(self._keys.queue_result(item_id), result, ex=RESULT_SECONDS)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+
+    async def bury(self, item_id: str, item: bytes) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._keys.dead_letters, {"b": item, "id": item_id}, maxlen=DEAD_LETTERS_KEPT, approximate=True)
+            pipe.xack(self._key, GROUP, item_id)
+            pipe.xdel(self._key, item_id)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+
+    async def result(self, item_id: str) -> bytes | None:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        value: Any = await self._r.get(self._keys.queue_result(item_id))
+        return None if value is None else bytes(value)
+
+    async def size(self) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.xlen(self._key))
+
+    async def dead_size(self) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.xlen(self._keys.dead_letters))
+
+    async def requeue_dead(self, count: int) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.eval(_REQUEUE, 2, self._key, self._keys.dead_letters, count))
+
+
+def _id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _entries(reply: object) -> list[tuple[str, bytes]]:
+    """XREADGROUP's answer, RESP2 (a list of [stream, entries]) or RESP3 (a map), as (id, item)."""
+    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in (reply or [])]  # type: ignore[attr-defined]
+    return [(_id(entry[0]), entry[1][b"b"]) for entries in streams for entry in entries if entry[1]]
+
+
+class MemoryQueue:
+    """For the embedded default: one process, so not durable; the worker empties it before exit."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._items: dict[str, bytes] = {}
+        self._taken: dict[str, tuple[str, float, int]] = {}  # id -> consumer, when, deliveries
+        self._results: dict[str, tuple[bytes, float]] = {}
+        self.dead: list[tuple[str, bytes]] = []
+        self._ids = itertools.count(1)
+        self._arrived = asyncio.Event()
+
+    async def put(self, item: bytes, max_items: int) -> str | None:
+        if len(self._items) >= max_items:
+            return None
+        item_id = f"{int(time.time() * 1000)}-{next(self._ids)}"
+        self._items[item_id] = item
+        self._arrived.set()
+        return item_id
+
+    async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None:
+        deadline = time.monotonic() + block_seconds
+        while True:
+            fresh = next((i for i in self._items if i not in self._taken), None)
+            if fresh is not None:
+                self._taken[fresh] = (consumer, time.monotonic(), 1)
+                return fresh, self._items[fresh]
+            self._arrived.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return None
+
+    async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]:
+        now = time.monotonic()
+        idle = [i for i, (_, at, _) in self._taken.items() if now - at >= min_idle_seconds][:count]
+        out = []
+        for item_id in idle:
+            deliveries = self._taken[item_id][2] + 1
+            self._taken[item_id] = (consumer, now, deliveries)
+            out.append((item_id, self._items[item_id], deliveries))
+        return out
+
+    async def finish(self, item_id: str, result: bytes) -> None:
+        self._drop(item_id)
+        now = time.monotonic()
+        self._results = {k: v for k, v in self._results.items() if now - v[1] < RESULT_SECONDS}
+        self._results[item_id] = (result, now)
+
+    async def bury(self, item_id: str, item: bytes) -> None:
+        self._drop(item_id)
+        self.dead = [*self.dead, (item_id, item)][-DEAD_LETTERS_KEPT:]
+
+    def _drop(self, item_id: str) -> None:
+        self._items.pop(item_id, None)
+        self._taken.pop(item_id, None)
+
+    async def result(self, item_id: str) -> bytes | None:
+        found = self._results.get(item_id)
+        return None if found is None else found[0]
+
+    async def size(self) -> int:
+        return len(self._items)
+
+    async def dead_size(self) -> int:
+        return len(self.dead)
+
+    async def requeue_dead(self, count: int) -> int:
+        moved, self.dead = self.dead[:count], self.dead[count:]
+        for _, item in moved:
+            await self.put(item, max_items=len(self._items) + 1)
+        return len(moved)

@@ -1,0 +1,147 @@
+"""Every replica's ingest workers: take accepted batches from the queue, process them, finish them.
+
+The gateway is answered once its batch is durably queued, so its wait is one Redis write
+whatever the batch holds; a batch carrying a long-context prompt (20,000 fingerprints, half a
+second of index and match work on one Redis) no longer holds up the small batches behind it.
+
+A batch is finished (removed from the queue) only after it is processed. Until then it stays
+in the queue's pending list: while Redis or the database is unreachable its worker retries it;
+if its replica dies, another one reclaims it once it has been idle ``reclaim_seconds``. A batch
+whose processing raises anything else is a bug's victim: it is retried on later deliveries and
+after ``MAX_DELIVERIES`` moved to the dead letters (``bleedwatch_ingest_dead_letters_total``),
+never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+
+import redis.exceptions
+
+from service import metrics
+from service.index.base import Queue
+from service.ingest.outbox import DATABASE_DOWN
+from service.ingest.service import Ingestor
+from service.periodic import Periodic
+
+log = logging.getLogger(__name__)
+
+OUTAGE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, *DATABASE_DOWN)
+MAX_DELIVERIES = 5
+TAKE_BLOCK_SECONDS = 1.0
+RECOVER_SECONDS = 2.0
+RECLAIM_COUNT = 10
+
+
+def enqueued_at(item_id: str) -> float:
+    """A stream id starts with the milliseconds of its XADD."""
+    return int(item_id.split("-", 1)[0]) / 1000
+
+
+class IngestWorker:
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        queue: Queue,
+        concurrency: int,
+        reclaim_seconds: float,
+        consumer: str | None = None,
+    ) -> None:
+        self._ingestor = ingestor
+        self._queue = queue
+        self._concurrency = concurrency
+        self._reclaim_seconds = reclaim_seconds
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._recovery: Periodic | None = None
+
+    def start(self) -> None:
+        self._stopping = False
+        self._tasks = [asyncio.create_task(self._run(), name=f"ingest-{i}") for i in range(self._concurrency)]
+        self._recovery = Periodic("ingest-recovery", self._recover, RECOVER_SECONDS)
+        self._recovery.start()
+
+    async def stop(self) -> None:
+        """Finish the batches in hand; a durable queue keeps the rest for the other replicas."""
+        self._stopping = True
+        await asyncio.gather(*self._tasks)
+        self._tasks = []
+        if self._recovery is not None:
+            await self._recovery.stop()
+            self._recovery = None
+
+    async def _run(self) -> None:
+        # The embedded queue lives in this process and is not durable: it is emptied before exit.
+        while not (self._stopping and self._queue.durable):
+            try:
+                taken = await self._queue.take(self.consumer, TAKE_BLOCK_SECONDS)
+            except OUTAGE as exc:
+                log.warning("ingest_queue_unreachable", extra={"exc_type": type(exc).__name__})
+                await asyncio.sleep(TAKE_BLOCK_SECONDS)
+                continue
+            if taken is not None:
+                await self._handle(*taken, deliveries=1)
+            elif self._stopping:
+                return
+
+    async def _handle(self, item_id: str, item: bytes, deliveries: int) -> None:
+        pause = 0.1
+        while True:
+            try:
+                result = await self._ingestor.process(item)
+                await self._queue.finish(item_id, result.model_dump_json().encode())
+            except OUTAGE as exc:
+                if self._stopping:
+                    return  # still pending: reclaimed by another replica, or by this one after a restart
+                log.warning("ingest_retry", extra={"item": item_id, "exc_type": type(exc).__name__, "pause": pause})
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            except Exception as exc:  # a bug: keep the batch, retry it later, and bury it if it keeps failing
+                metrics.INGEST_FAILURES.inc()
+                log.exception(
+                    "ingest_failed", extra={"item": item_id, "deliveries": deliveries, "exc_type": type(exc).__name__}
+                )
+                if deliveries >= MAX_DELIVERIES:
+                    await self._queue.bury(item_id, item)
+                    metrics.INGEST_DEAD_LETTERS.inc()
+                    log.error("ingest_dead_letter", extra={"item": item_id, "deliveries": deliveries})
+                return
+            metrics.INGEST_QUEUE_SECONDS.observe(max(0.0, time.time() - enqueued_at(item_id)))
+            return
+
+    async def _recover(self) -> None:
+        """One ``Periodic`` round: export the queue's depth; take over batches abandoned by a dead replica."""
+        metrics.INGEST_QUEUE.set(await self._queue.size())
+        for item_id, item, deliveries in await self._queue.reclaim(self.consumer, self._reclaim_seconds, RECLAIM_COUNT):
+            log.warning("ingest_reclaimed", extra={"item": item_id, "deliveries": deliveries})
+            await self._handle(item_id, item, deliveries)
+
+
+async def queue_command(command: str) -> int:
+    """``bleedwatch queue status|requeue-dead``, against BLEEDWATCH_REDIS_URL."""
+    from service.app import make_index
+    from service.config import Settings
+
+    settings = Settings()
+    if settings.embedded:
+        print("the embedded queue lives in the server's process: nothing to inspect from here")
+        return 1
+    index = make_index(settings)
+    queue = index.queue()
+    try:
+        if command == "requeue-dead":
+            moved = 0
+            while batch := await queue.requeue_dead(RECLAIM_COUNT * 10):
+                moved += batch
+            print(f"{moved} dead letters put back in the queue")
+        print(f"{await queue.size()} batches queued, {await queue.dead_size()} dead letters")
+    finally:
+        await index.close()
+    return 0

@@ -1,0 +1,169 @@
+"""Ingest is answered once a batch is durably queued, and every queued batch is processed.
+
+- The queue contract, on every index backend.
+- ``Prefer: respond-async``: the answer comes before processing; the finding follows.
+- A full queue refuses with 503 and Retry-After, and keeps nothing.
+- A batch held by a replica that died is taken over and processed by another.
+- A batch whose processing keeps failing is moved to the dead letters after MAX_DELIVERIES, and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from service import metrics
+from service.auth.keys import Role
+from service.config import Settings
+from service.index.base import Index
+from service.ingest import worker as worker_module
+from service.ingest.service import Ingestor
+from service.ingest.worker import queue_command
+from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
+from tests.test_end_to_end import assert_the_leak, findings, traffic
+
+pytestmark = pytest.mark.anyio
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        await asyncio.sleep(0.05)
+
+
+def deps(api: Api) -> Any:
+    return api.client._transport.app.state.deps  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_the_queue_hands_each_batch_to_one_worker_until_it_is_finished(index: Index) -> None:
+    queue = index.queue()
+    first = await queue.put(b"one", max_items=2)
+    second = await queue.put(b"two", max_items=2)
+    assert first is not None
+    assert second is not None
+    assert await queue.put(b"three", max_items=2) is None  # full: refused, not kept
+    assert await queue.size() == 2
+    assert await queue.take("replica-1", block_seconds=0.1) == (first, b"one")
+    assert await queue.take("replica-2", block_seconds=0.1) == (second, b"two")
+    assert await queue.take("replica-2", block_seconds=0.05) is None  # nothing new: both are held
+    assert await queue.result(first) is None
+    await queue.finish(first, b'{"done": 1}')
+    assert await queue.result(first) == b'{"done": 1}'
+    assert await queue.reclaim("replica-3", min_idle_seconds=60, count=10) == []  # replica-2 is not idle yet
+    # replica-2 died holding "two": once idle long enough, another replica takes it over.
+    await asyncio.sleep(0.02)
+    assert await queue.reclaim("replica-3", min_idle_seconds=0.01, count=10) == [(second, b"two", 2)]
+    await queue.bury(second, b"two")
+    assert (await queue.size(), await queue.dead_size()) == (0, 1)
+    assert await queue.reclaim("replica-3", min_idle_seconds=0, count=10) == []
+    # The bug fixed, an operator puts the dead letters back (bleedwatch queue requeue-dead).
+    assert await queue.requeue_dead(10) == 1
+    assert (await queue.size(), await queue.dead_size()) == (1, 0)
+    taken = await queue.take("replica-3", block_seconds=0.1)
+    assert taken is not None
+    assert taken[1] == b"two"
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_an_async_answer_comes_before_processing_and_the_finding_follows(api: Api) -> None:
+    batches = traffic(time.time())
+    resp = await api.client.post(
+        "/v1/exchanges",
+        json={"exchanges": batches["source"] + batches["leak"]},
+        headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+    )
+    assert resp.status_code == 202, resp.text
+    assert resp.headers["preference-applied"] == "respond-async"
+    assert resp.json() == {"accepted": 2, "duplicates": 0, "findings": None, "processed": False}
+
+    async def found() -> bool:
+        return len(await findings(api)) == 1
+
+    await eventually(found)
+    assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_a_full_queue_refuses_with_503_and_keeps_nothing(api: Api) -> None:
+    ingestor: Ingestor = deps(api).ingestor
+    ingestor.queue_max_batches = 0
+    resp = await api.client.post(
+        "/v1/exchanges", json={"exchanges": traffic(time.time())["source"]}, headers=api.headers(Role.INGEST)
+    )
+    assert resp.status_code == 503
+    assert resp.headers["retry-after"]
+    assert "the ingest queue is full" in resp.json()["detail"]
+    assert await deps(api).index.queue().size() == 0
+
+
+@pytest.mark.parametrize("settings", ["redis+postgres", "redis-cluster+postgres"], indirect=True)
+async def test_a_batch_held_by_a_replica_that_died_is_processed_by_another(settings: Settings, index: Index) -> None:
+    batches = traffic(time.time())
+    body = b"req-of-the-dead-replica\n" + orjson.dumps({"exchanges": batches["source"] + batches["leak"]})
+    queue = index.queue()
+    item_id = await queue.put(body, max_items=10)
+    assert await queue.take("replica-that-dies", block_seconds=0.5) == (item_id, body)
+    async with running_api(settings.model_copy(update={"ingest_reclaim_seconds": 0.2})) as api:
+
+        async def found() -> bool:
+            return len(await findings(api)) == 1
+
+        await eventually(found)
+        assert_the_leak(await findings(api))
+        assert await queue.size() == 0
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_a_batch_that_keeps_failing_goes_to_the_dead_letters_and_back_once_fixed(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def broken(self: Ingestor, body: bytes) -> Any:
+        raise RuntimeError("a bug in processing")
+
+    fixed = Ingestor.process
+    monkeypatch.setattr(Ingestor, "process", broken)
+    monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 0.05)
+    dead_before = metrics.INGEST_DEAD_LETTERS._value.get()
+    failures_before = metrics.INGEST_FAILURES._value.get()
+    async with running_api(settings.model_copy(update={"ingest_reclaim_seconds": 0.05})) as api:
+        resp = await api.client.post(
+            "/v1/exchanges",
+            json={"exchanges": traffic(time.time())["source"] + traffic(time.time())["leak"]},
+            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+        )
+        assert resp.status_code == 202
+        queue = deps(api).index.queue()
+
+        async def buried() -> bool:  # the counter moves after the queue's transaction: wait for both
+            return bool(await queue.size() == 0 and metrics.INGEST_DEAD_LETTERS._value.get() == dead_before + 1)
+
+        await eventually(buried)
+        assert metrics.INGEST_FAILURES._value.get() == failures_before + worker_module.MAX_DELIVERIES
+        if settings.redis_url is None:
+            dead = [item for _, item in queue.dead]
+        else:
+            dead = [f[b"b"] for _, f in await deps(api).index.client.xrange(deps(api).index.keys.dead_letters)]
+        assert dead == [resp.headers["x-request-id"].encode() + b"\n" + resp.request.content]
+        assert await findings(api) == []
+
+        monkeypatch.setattr(Ingestor, "process", fixed)
+        if settings.redis_url is None:
+            assert await queue.requeue_dead(10) == 1
+        else:
+            monkeypatch.setenv("BLEEDWATCH_REDIS_URL", settings.redis_url)
+            monkeypatch.setenv("BLEEDWATCH_KEY_PREFIX", settings.key_prefix)
+            assert await queue_command("requeue-dead") == 0
+            assert capsys.readouterr().out.startswith("1 dead letters put back in the queue")
+
+        async def found() -> bool:
+            return len(await findings(api)) == 1
+
+        await eventually(found)
+        assert_the_leak(await findings(api))
