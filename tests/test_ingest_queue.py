@@ -4,7 +4,9 @@
 - ``Prefer: respond-async``: the answer comes before processing; the finding follows.
 - A full queue refuses with 503 and Retry-After, and keeps nothing.
 - A batch held by a replica that died is taken over and processed by another.
-- A batch whose processing keeps failing is moved to the dead letters after MAX_DELIVERIES, and counted.
+- A batch whose processing keeps failing is moved to the dead letters after MAX_DELIVERIES, and counted;
+  put back, it is processed.
+- A batch whose backend blinks during processing is retried by its worker: no failure, no dead letter.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 import orjson
 import pytest
+import redis.exceptions
+import sqlalchemy.exc
 
 from service import metrics
 from service.auth.keys import Role
@@ -166,4 +170,34 @@ async def test_a_batch_that_keeps_failing_goes_to_the_dead_letters_and_back_once
             return len(await findings(api)) == 1
 
         await eventually(found)
+        assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_a_batch_is_retried_by_its_worker_while_a_backend_is_unreachable(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = Ingestor.process
+    # Between acceptance and processing, Redis, then the database, then Redis again are unreachable.
+    outages: list[Exception] = [
+        redis.exceptions.ConnectionError("down"),
+        sqlalchemy.exc.OperationalError("SELECT 1", None, OSError("down")),
+        redis.exceptions.TimeoutError("slow"),
+    ]
+
+    async def flaky(self: Ingestor, item: bytes) -> Any:
+        if outages:
+            raise outages.pop(0)
+        return await real(self, item)
+
+    monkeypatch.setattr(Ingestor, "process", flaky)
+    failures_before = metrics.INGEST_FAILURES._value.get()
+    async with running_api(settings) as api:
+        batches = traffic(time.time())
+        resp = await api.client.post(
+            "/v1/exchanges", json={"exchanges": batches["source"] + batches["leak"]}, headers=api.headers(Role.INGEST)
+        )
+        assert resp.json() == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
+        assert outages == []
+        assert metrics.INGEST_FAILURES._value.get() == failures_before  # an outage is no failure
         assert_the_leak(await findings(api))
