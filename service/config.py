@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # Fingerprint key ids gateways may use (comma-separated); empty = any well-formed one.
     accepted_key_ids: Annotated[frozenset[str], NoDecode] = frozenset()
     # Ingest queue (service/ingest/worker.py): batches accepted but not yet processed.
-    ingest_queue_max_batches: int = Field(10_000, ge=1)
+    ingest_queue_max_batches: int = Field(1_000, ge=1)
     ingest_workers: int = Field(4, ge=1, le=64)  # batches processed at once, per process
     ingest_wait_seconds: float = Field(30.0, ge=0)  # how long an answer without Prefer: respond-async waits
     ingest_reclaim_seconds: float = Field(30.0, gt=0)  # a batch held this long by a silent replica is taken over

@@ -21,7 +21,6 @@ from service.index.keys import Keys
 
 GROUP = "ingest"
 RESULT_SECONDS = 300
-DEAD_LETTERS_KEPT = 10_000
 
 # Bounded: a full queue refuses (the caller retries later) rather than growing Redis without limit.
 _PUT = """
@@ -118,7 +117,7 @@ class RedisQueue:
 
     async def bury(self, item_id: str, item: bytes) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._keys.dead_letters, {"b": item, "id": item_id}, maxlen=DEAD_LETTERS_KEPT, approximate=True)
+            pipe.xadd(self._keys.dead_letters, {"b": item, "id": item_id})  # never trimmed: an alert pages
             pipe.xack(self._key, GROUP, item_id)
             pipe.xdel(self._key, item_id)
             metrics.REDIS_ROUND_TRIPS.inc()
@@ -207,7 +206,7 @@ class MemoryQueue:
 
     async def bury(self, item_id: str, item: bytes) -> None:
         self._drop(item_id)
-        self.dead = [*self.dead, (item_id, item)][-DEAD_LETTERS_KEPT:]
+        self.dead.append((item_id, item))
 
     def _drop(self, item_id: str) -> None:
         self._items.pop(item_id, None)

@@ -58,7 +58,7 @@ class Ingestor:
         sessions: async_sessionmaker[AsyncSession],
         limits: Limits,
         writer: FindingsWriter | None = None,
-        queue_max_batches: int = 10_000,
+        queue_max_batches: int = 1_000,
     ) -> None:
         self._index = index
         self._queue = index.queue()
