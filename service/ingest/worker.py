@@ -109,12 +109,19 @@ class IngestWorker:
                     "ingest_failed", extra={"item": item_id, "deliveries": deliveries, "exc_type": type(exc).__name__}
                 )
                 if deliveries >= MAX_DELIVERIES:
-                    await self._queue.bury(item_id, item)
-                    metrics.INGEST_DEAD_LETTERS.inc()
-                    log.error("ingest_dead_letter", extra={"item": item_id, "deliveries": deliveries})
+                    await self._bury(item_id, item, deliveries)
                 return
             metrics.INGEST_QUEUE_SECONDS.observe(max(0.0, time.time() - enqueued_at(item_id)))
             return
+
+    async def _bury(self, item_id: str, item: bytes, deliveries: int) -> None:
+        try:
+            await self._queue.bury(item_id, item)
+        except OUTAGE as exc:  # still pending: buried at its next delivery
+            log.warning("ingest_bury_failed", extra={"item": item_id, "exc_type": type(exc).__name__})
+            return
+        metrics.INGEST_DEAD_LETTERS.inc()
+        log.error("ingest_dead_letter", extra={"item": item_id, "deliveries": deliveries})
 
     async def _recover(self) -> None:
         """One ``Periodic`` round: export the queue's depth; take over batches abandoned by a dead replica."""
