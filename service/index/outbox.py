@@ -6,10 +6,10 @@ import itertools
 import time
 
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import ResponseError
 
 from service import metrics
 from service.index.keys import Keys
+from service.index.streams import create_group, entries, entry_id
 
 GROUP = "writers"
 
@@ -23,15 +23,9 @@ class RedisOutbox:
         self._group_ready = False
 
     async def _group(self) -> None:
-        if self._group_ready:
-            return
-        metrics.REDIS_ROUND_TRIPS.inc()
-        try:
-            await self._r.xgroup_create(self._key, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._group_ready = True
+        if not self._group_ready:
+            await create_group(self._r, self._key, GROUP)
+            self._group_ready = True
 
     async def hold(self, items: list[bytes]) -> None:
         if not items:
@@ -46,18 +40,18 @@ class RedisOutbox:
         await self._group()
         metrics.REDIS_ROUND_TRIPS.inc()
         mine = await self._r.xreadgroup(GROUP, consumer, {self._key: "0"}, count=count)
-        items = _entries(mine)
+        items = entries(mine, b"d")
         if items:
             return items
         metrics.REDIS_ROUND_TRIPS.inc()
         _, abandoned, *_ = await self._r.xautoclaim(
             self._key, GROUP, consumer, int(min_idle_seconds * 1000), start_id="0-0", count=count
         )
-        items = [(_id(i), f[b"d"]) for i, f in abandoned if f]
+        items = [(entry_id(i), f[b"d"]) for i, f in abandoned if f]
         if items:
             return items
         metrics.REDIS_ROUND_TRIPS.inc()
-        return _entries(await self._r.xreadgroup(GROUP, consumer, {self._key: ">"}, count=count))
+        return entries(await self._r.xreadgroup(GROUP, consumer, {self._key: ">"}, count=count), b"d")
 
     async def release(self, ids: list[str]) -> None:
         if not ids:
@@ -71,21 +65,6 @@ class RedisOutbox:
     async def size(self) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.xlen(self._key))
-
-
-def _id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _entries(reply: object) -> list[tuple[str, bytes]]:
-    """XREADGROUP's answer, RESP2 (a list of [stream, entries]) or RESP3 (a map), as (id, item)."""
-    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in (reply or [])]  # type: ignore[attr-defined]
-    out = []
-    for entries in streams:
-        for entry in entries:
-            if isinstance(entry, list | tuple) and len(entry) == 2 and entry[1]:
-                out.append((_id(entry[0]), entry[1][b"d"]))
-    return out
 
 
 class MemoryOutbox:

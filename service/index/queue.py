@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from service import metrics
 from service.index.keys import Keys
+from service.index.streams import create_group, entries, entry_id
 
 GROUP = "ingest"
 RESULT_SECONDS = 300
@@ -53,20 +54,14 @@ class RedisQueue:
         self._group_ready = False
 
     async def _group(self) -> None:
-        if self._group_ready:
-            return
-        metrics.REDIS_ROUND_TRIPS.inc()
-        try:
-            await self._r.xgroup_create(self._key, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._group_ready = True
+        if not self._group_ready:
+            await create_group(self._r, self._key, GROUP)
+            self._group_ready = True
 
     async def put(self, item: bytes, max_items: int) -> str | None:
         metrics.REDIS_ROUND_TRIPS.inc()
         item_id = await self._r.eval(_PUT, 1, self._key, max_items, item)
-        return None if item_id is None else _id(item_id)
+        return None if item_id is None else entry_id(item_id)
 
     async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None:
         await self._group()
@@ -80,8 +75,8 @@ class RedisQueue:
                 raise
             self._group_ready = False  # the stream was deleted (FLUSHDB, an operator): make it again
             return None
-        entries = _entries(reply)
-        return entries[0] if entries else None
+        taken = entries(reply, b"b")
+        return taken[0] if taken else None
 
     async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]:
         await self._group()
@@ -92,12 +87,12 @@ class RedisQueue:
         )
         if not pending:
             return []
-        deliveries = {_id(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        deliveries = {entry_id(p["message_id"]): int(p["times_delivered"]) for p in pending}
         metrics.REDIS_ROUND_TRIPS.inc()
         claimed: Any = await self._r.xclaim(self._key, GROUP, consumer, idle_ms, list(deliveries))
         out, gone = [], []
         for raw_id, fields in claimed:
-            item_id = _id(raw_id)
+            item_id = entry_id(raw_id)
             if fields:
                 out.append((item_id, fields[b"b"], deliveries[item_id] + 1))
             else:
@@ -139,16 +134,6 @@ class RedisQueue:
     async def requeue_dead(self, count: int) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.eval(_REQUEUE, 2, self._key, self._keys.dead_letters, count))
-
-
-def _id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _entries(reply: object) -> list[tuple[str, bytes]]:
-    """XREADGROUP's answer, RESP2 (a list of [stream, entries]) or RESP3 (a map), as (id, item)."""
-    streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in (reply or [])]  # type: ignore[attr-defined]
-    return [(_id(entry[0]), entry[1][b"b"]) for entries in streams for entry in entries if entry[1]]
 
 
 class MemoryQueue:
