@@ -36,6 +36,14 @@ def _pydoc_topics() -> list[list[str]]:
 
 
 def _changelogs(limit_words: int) -> list[list[str]]:
+    return [entry for _, entries in _changelogs_by_package(limit_words) for entry in entries]
+
+
+def _changelogs_by_package(limit_words: int) -> list[tuple[str, list[list[str]]]]:
+    """Entries of the Debian changelogs with their source package, until ``limit_words`` words.
+
+    Binary packages built from one source ship the same changelog (libc6, libc-bin, ... of glibc).
+    """
     out, total = [], 0
     for path in sorted(glob.glob("/usr/share/doc/*/changelog.Debian.gz")):
         try:
@@ -43,11 +51,14 @@ def _changelogs(limit_words: int) -> list[list[str]]:
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             continue
+        entries = []
+        source = text.split(None, 1)[0] if text.strip() else Path(path).parent.name
         for entry in text.split("\n\n"):
             words = [w for w in entry.split() if not w.startswith("<") and "@" not in w]
             if len(words) >= 30:
-                out.append(words)
+                entries.append(words)
                 total += len(words)
+        out.append((source, entries))
         if total >= limit_words:
             break
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import random
 import sys
 import tempfile
@@ -208,6 +209,9 @@ def main() -> None:
         long_share=args.long_share,
         seed=args.seed,
     )
+    # Runs compare only on the same traffic: which docstrings exist depends on what the process imported.
+    digest = hashlib.sha256(orjson.dumps([[ex.request_id, ex.prompt, ex.response] for ex in traffic.order])).hexdigest()
+    print(f"traffic {digest[:12]} from {len(passages)} passages", file=sys.stderr)
     key = random.Random(args.seed).randbytes(32)  # same traffic, same key: runs compare
     with tempfile.TemporaryDirectory() as tmp, running_service() as service:
         files = []
