@@ -151,7 +151,8 @@ def mine(texts: list[Passage], per_stratum: int, seed: int) -> list[Pair]:
     rng = random.Random(seed)
     postings: dict[tuple[str, ...], list[int]] = defaultdict(list)
     for i, p in enumerate(texts):
-        for g in {tuple(p.tokens[k : k + GRAM]) for k in range(len(p.tokens) - GRAM + 1)}:
+        # dict.fromkeys, not a set: the order of a set of strings changes with the hash seed.
+        for g in dict.fromkeys(tuple(p.tokens[k : k + GRAM]) for k in range(len(p.tokens) - GRAM + 1)):
             postings[g].append(i)
     candidates: set[tuple[int, int]] = set()
     for docs in postings.values():
@@ -211,7 +212,7 @@ def dropped_pairs(seed: int, changelog_words: int, per_stratum: int) -> list[tup
     for words in candidates:
         tokens = tokenize(" ".join(words))
         keys = near_copy_keys(tokens)
-        hit = next((owner[k] for k in keys if k in owner), None)
+        hit = min((owner[k] for k in keys if k in owner), default=None)
         if hit is not None:
             other = tokenize(" ".join(kept[hit]))
             common, at = longest_common(other, tokens)

@@ -122,6 +122,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
                     "severity",
                 )
             }
+            | {"ranges": [r for src in f["evidence"]["sources"] for r in src["ranges"]]}
             for f in findings
             if (leak := truth.get(f["recipient_request_id"])) is None or f["source_tenant"] != leak.source_tenant
         ],
