@@ -193,12 +193,17 @@ def main() -> None:
     p.add_argument(
         "--why-missed", action="store_true", help="replay the matcher's steps for each missed leak and count causes"
     )
+    p.add_argument(
+        "--near-copies",
+        action="store_true",
+        help="keep passages that share short phrases or near-copies with others (drop only 16-token copies)",
+    )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (SDK parameter)")
     args = p.parse_args()
 
     print("building corpus ...", file=sys.stderr)
-    passages = private_passages(args.seed, args.changelog_words)
+    passages = private_passages(args.seed, args.changelog_words, near_copies=args.near_copies)
     public = public_texts()
     traffic = generate(
         passages,
