@@ -220,3 +220,27 @@ def test_a_long_run_may_have_the_holes_of_a_few_substituted_words() -> None:
     template = replace(pure(0, 20, 100, fingerprints=4), purity=4 / 7)
     assert not is_finding(copies([template], T, 4, 6), T)
     assert not is_finding(copies([replace(long_copy, purity=0.4)], T, 4, 6), T)
+
+
+def test_a_short_copy_counts_only_as_one_pure_run_with_enough_fingerprints() -> None:
+    short = replace(T, short_run_tokens=8, short_run_fingerprints=2)
+    run = Run(0, 8, 1, 0, 8, 2, purity=1.0)
+    assert not is_finding(copies([run], T, 4, 4), T)  # off by default: under min_run_tokens
+    assert is_finding(copies([run], short, 4, 4), short)
+    assert not is_finding(copies([replace(run, purity=0.75)], short, 4, 4), short)  # a hole
+    assert not is_finding(
+        copies([run], replace(short, short_run_fingerprints=3), 4, 4), replace(short, short_run_fingerprints=3)
+    )
+    # Two single shingles of two documents that abut in the response: a chain, not one run.
+    pieces = [Run(0, 4, 1, 100, 104, 1), Run(4, 8, 2, 300, 304, 1)]
+    assert len(copies(pieces, short, 4, 4)) == 1
+    assert not is_finding(copies(pieces, short, 4, 4), short)
+
+
+def test_the_short_run_rule_is_a_service_setting() -> None:
+    from service.app import thresholds
+    from service.config import Settings
+
+    t = thresholds(Settings(short_run_tokens=8, short_run_fingerprints=2))
+    assert (t.short_run_tokens, t.short_run_fingerprints) == (8, 2)
+    assert thresholds(Settings()).short_run_tokens == 0  # off by default

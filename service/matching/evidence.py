@@ -33,6 +33,10 @@ class Thresholds:
     min_purity: float
     high_run_tokens: int
     critical_run_tokens: int
+    # A copy shorter than ``min_run_tokens`` but at least this long is a finding if it is one run
+    # (no chain of pieces) with ``short_run_fingerprints`` fingerprints and no hole at all (0 = off).
+    short_run_tokens: int = 0
+    short_run_fingerprints: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,5 +321,23 @@ def longest(copied: list[list[Run]]) -> int:
 
 
 def is_finding(copied: list[list[Run]], t: Thresholds) -> bool:
-    """More than a coincidence: a copy with several fingerprints and a real length."""
-    return any(sum(r.fingerprints for r in c) >= t.min_matched and _tokens(c) >= t.min_run_tokens for c in copied)
+    """More than a coincidence: a copy with several fingerprints and a real length.
+
+    A shorter copy (``short_run_tokens`` up to ``min_run_tokens``) counts only as one run, with
+    ``short_run_fingerprints`` fingerprints and none inside it left unmatched: a chain of pieces
+    that short is mostly coincidences (two frequent 4-grams next to each other in the answer,
+    each somewhere in the source tenant's prompts).
+    """
+    for c in copied:
+        matched, tokens = sum(r.fingerprints for r in c), _tokens(c)
+        if matched >= t.min_matched and tokens >= t.min_run_tokens:
+            return True
+        if (
+            t.short_run_tokens
+            and len(c) == 1
+            and tokens >= t.short_run_tokens
+            and matched >= max(t.min_matched, t.short_run_fingerprints)
+            and c[0].purity >= 1.0
+        ):
+            return True
+    return False
