@@ -93,6 +93,7 @@ def thresholds(settings: Settings) -> Thresholds:
         critical_run_tokens=settings.critical_run_tokens,
         short_run_tokens=settings.short_run_tokens,
         short_run_fingerprints=settings.short_run_fingerprints,
+        chain_run_fingerprints=settings.chain_run_fingerprints,
     )
 
 

@@ -244,3 +244,15 @@ def test_the_short_run_rule_is_a_service_setting() -> None:
     t = thresholds(Settings(short_run_tokens=8, short_run_fingerprints=2))
     assert (t.short_run_tokens, t.short_run_fingerprints) == (8, 2)
     assert thresholds(Settings()).short_run_tokens == 0  # off by default
+
+
+def test_a_chain_of_single_shingles_is_no_copy_when_a_run_of_several_is_required() -> None:
+    # Three single shingles of the source tenant, one after another in the answer (w = 4 makes
+    # them more likely): two documents abutting, then a "fragment" eight source tokens on.
+    singles = [Run(250, 254, 1, 271, 275, 1), Run(257, 261, 2, 754, 758, 1), Run(295, 299, 2, 762, 766, 1)]
+    assert is_finding(copies(singles, T, 4, 4), T)
+    strict = replace(T, chain_run_fingerprints=2)
+    assert not is_finding(copies(singles, strict, 4, 4), strict)
+    # A fragment of two fingerprints makes the chain a copy again.
+    fragments = [Run(250, 258, 1, 271, 279, 2), Run(270, 274, 1, 279, 283, 1)]
+    assert is_finding(copies(fragments, strict, 4, 4), strict)

@@ -37,6 +37,8 @@ class Thresholds:
     # (no chain of pieces) with ``short_run_fingerprints`` fingerprints and no hole at all (0 = off).
     short_run_tokens: int = 0
     short_run_fingerprints: int = 3
+    # A copy of several runs needs one with at least this many fingerprints (1 = any chain counts).
+    chain_run_fingerprints: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,10 +328,13 @@ def is_finding(copied: list[list[Run]], t: Thresholds) -> bool:
     A shorter copy (``short_run_tokens`` up to ``min_run_tokens``) counts only as one run, with
     ``short_run_fingerprints`` fingerprints and none inside it left unmatched: a chain of pieces
     that short is mostly coincidences (two frequent 4-grams next to each other in the answer,
-    each somewhere in the source tenant's prompts).
+    each somewhere in the source tenant's prompts). With ``chain_run_fingerprints`` > 1, a chain
+    of several runs needs one run with that many fingerprints.
     """
     for c in copied:
         matched, tokens = sum(r.fingerprints for r in c), _tokens(c)
+        if len(c) > 1 and max(r.fingerprints for r in c) < t.chain_run_fingerprints:
+            continue  # single shingles strung together: each a frequent phrase the tenant had somewhere
         if matched >= t.min_matched and tokens >= t.min_run_tokens:
             return True
         if (
