@@ -33,8 +33,6 @@ class Settings(BaseSettings):
     min_matched_fingerprints: int = Field(2, ge=1)
     min_run_tokens: int = Field(10, ge=1)
     min_run_purity: float = Field(0.7, ge=0, le=1)
-    short_run_tokens: int = Field(0, ge=0)  # 0 = off; else shorter copies with more fingerprints count
-    short_run_fingerprints: int = Field(3, ge=1)
     chain_run_fingerprints: int = Field(1, ge=1)  # a chain of runs needs one with this many fingerprints
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)

@@ -222,30 +222,6 @@ def test_a_long_run_may_have_the_holes_of_a_few_substituted_words() -> None:
     assert not is_finding(copies([replace(long_copy, purity=0.4)], T, 4, 6), T)
 
 
-def test_a_short_copy_counts_only_as_one_pure_run_with_enough_fingerprints() -> None:
-    short = replace(T, short_run_tokens=8, short_run_fingerprints=2)
-    run = Run(0, 8, 1, 0, 8, 2, purity=1.0)
-    assert not is_finding(copies([run], T, 4, 4), T)  # off by default: under min_run_tokens
-    assert is_finding(copies([run], short, 4, 4), short)
-    assert not is_finding(copies([replace(run, purity=0.75)], short, 4, 4), short)  # a hole
-    assert not is_finding(
-        copies([run], replace(short, short_run_fingerprints=3), 4, 4), replace(short, short_run_fingerprints=3)
-    )
-    # Two single shingles of two documents that abut in the response: a chain, not one run.
-    pieces = [Run(0, 4, 1, 100, 104, 1), Run(4, 8, 2, 300, 304, 1)]
-    assert len(copies(pieces, short, 4, 4)) == 1
-    assert not is_finding(copies(pieces, short, 4, 4), short)
-
-
-def test_the_short_run_rule_is_a_service_setting() -> None:
-    from service.app import thresholds
-    from service.config import Settings
-
-    t = thresholds(Settings(short_run_tokens=8, short_run_fingerprints=2))
-    assert (t.short_run_tokens, t.short_run_fingerprints) == (8, 2)
-    assert thresholds(Settings()).short_run_tokens == 0  # off by default
-
-
 def test_a_chain_of_single_shingles_is_no_copy_when_a_run_of_several_is_required() -> None:
     # Three single shingles of the source tenant, one after another in the answer (w = 4 makes
     # them more likely): two documents abutting, then a "fragment" eight source tokens on.
@@ -256,3 +232,11 @@ def test_a_chain_of_single_shingles_is_no_copy_when_a_run_of_several_is_required
     # A fragment of two fingerprints makes the chain a copy again.
     fragments = [Run(250, 258, 1, 271, 279, 2), Run(270, 274, 1, 279, 283, 1)]
     assert is_finding(copies(fragments, strict, 4, 4), strict)
+
+
+def test_the_chain_rule_is_a_service_setting() -> None:
+    from service.app import thresholds
+    from service.config import Settings
+
+    assert thresholds(Settings(chain_run_fingerprints=2)).chain_run_fingerprints == 2
+    assert thresholds(Settings()).chain_run_fingerprints == 1  # today's rule by default

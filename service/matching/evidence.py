@@ -33,10 +33,6 @@ class Thresholds:
     min_purity: float
     high_run_tokens: int
     critical_run_tokens: int
-    # A copy shorter than ``min_run_tokens`` but at least this long is a finding if it is one run
-    # (no chain of pieces) with ``short_run_fingerprints`` fingerprints and no hole at all (0 = off).
-    short_run_tokens: int = 0
-    short_run_fingerprints: int = 3
     # A copy of several runs needs one with at least this many fingerprints (1 = any chain counts).
     chain_run_fingerprints: int = 1
 
@@ -325,24 +321,14 @@ def longest(copied: list[list[Run]]) -> int:
 def is_finding(copied: list[list[Run]], t: Thresholds) -> bool:
     """More than a coincidence: a copy with several fingerprints and a real length.
 
-    A shorter copy (``short_run_tokens`` up to ``min_run_tokens``) counts only as one run, with
-    ``short_run_fingerprints`` fingerprints and none inside it left unmatched: a chain of pieces
-    that short is mostly coincidences (two frequent 4-grams next to each other in the answer,
-    each somewhere in the source tenant's prompts). With ``chain_run_fingerprints`` > 1, a chain
-    of several runs needs one run with that many fingerprints.
+    With ``chain_run_fingerprints`` > 1, a copy of several runs needs one run with that many
+    fingerprints: single shingles strung together (two frequent 4-grams next to each other in the
+    answer, each somewhere in the source tenant's prompts) are coincidences, not a copy.
     """
     for c in copied:
         matched, tokens = sum(r.fingerprints for r in c), _tokens(c)
         if len(c) > 1 and max(r.fingerprints for r in c) < t.chain_run_fingerprints:
             continue  # single shingles strung together: each a frequent phrase the tenant had somewhere
         if matched >= t.min_matched and tokens >= t.min_run_tokens:
-            return True
-        if (
-            t.short_run_tokens
-            and len(c) == 1
-            and tokens >= t.short_run_tokens
-            and matched >= max(t.min_matched, t.short_run_fingerprints)
-            and c[0].purity >= 1.0
-        ):
             return True
     return False
