@@ -92,6 +92,7 @@ def thresholds(settings: Settings) -> Thresholds:
         min_purity=settings.min_run_purity,
         high_run_tokens=settings.high_run_tokens,
         critical_run_tokens=settings.critical_run_tokens,
+        chain_run_fingerprints=settings.chain_run_fingerprints,
     )
 
 

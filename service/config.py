@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     min_matched_fingerprints: int = Field(2, ge=1)
     min_run_tokens: int = Field(10, ge=1)
     min_run_purity: float = Field(0.7, ge=0, le=1)
+    chain_run_fingerprints: int = Field(1, ge=1)  # a chain of runs needs one with this many fingerprints
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)
     lists_refresh_seconds: float = Field(10.0, ge=0)

@@ -220,3 +220,23 @@ def test_a_long_run_may_have_the_holes_of_a_few_substituted_words() -> None:
     template = replace(pure(0, 20, 100, fingerprints=4), purity=4 / 7)
     assert not is_finding(copies([template], T, 4, 6), T)
     assert not is_finding(copies([replace(long_copy, purity=0.4)], T, 4, 6), T)
+
+
+def test_a_chain_of_single_shingles_is_no_copy_when_a_run_of_several_is_required() -> None:
+    # Three single shingles of the source tenant, one after another in the answer (w = 4 makes
+    # them more likely): two documents abutting, then a "fragment" eight source tokens on.
+    singles = [Run(250, 254, 1, 271, 275, 1), Run(257, 261, 2, 754, 758, 1), Run(295, 299, 2, 762, 766, 1)]
+    assert is_finding(copies(singles, T, 4, 4), T)
+    strict = replace(T, chain_run_fingerprints=2)
+    assert not is_finding(copies(singles, strict, 4, 4), strict)
+    # A fragment of two fingerprints makes the chain a copy again.
+    fragments = [Run(250, 258, 1, 271, 279, 2), Run(270, 274, 1, 279, 283, 1)]
+    assert is_finding(copies(fragments, strict, 4, 4), strict)
+
+
+def test_the_chain_rule_is_a_service_setting() -> None:
+    from service.app import thresholds
+    from service.config import Settings
+
+    assert thresholds(Settings(chain_run_fingerprints=2)).chain_run_fingerprints == 2
+    assert thresholds(Settings()).chain_run_fingerprints == 1  # today's rule by default

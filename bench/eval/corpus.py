@@ -27,6 +27,8 @@ PASSAGE_WORDS = (60, 400)
 # order, with at most ``EDIT_TOKENS`` tokens between them on either side (see private_passages).
 SIDE_TOKENS = 4
 EDIT_TOKENS = 2
+# With near-copies kept, passages sharing this many tokens in a row are still copies, and dropped.
+COPY_TOKENS = 16
 
 
 def _pydoc_topics() -> list[list[str]]:
@@ -36,6 +38,14 @@ def _pydoc_topics() -> list[list[str]]:
 
 
 def _changelogs(limit_words: int) -> list[list[str]]:
+    return [entry for _, entries in _changelogs_by_package(limit_words) for entry in entries]
+
+
+def _changelogs_by_package(limit_words: int) -> list[tuple[str, list[list[str]]]]:
+    """Entries of the Debian changelogs with their source package, until ``limit_words`` words.
+
+    Binary packages built from one source ship the same changelog (libc6, libc-bin, ... of glibc).
+    """
     out, total = [], 0
     for path in sorted(glob.glob("/usr/share/doc/*/changelog.Debian.gz")):
         try:
@@ -43,11 +53,14 @@ def _changelogs(limit_words: int) -> list[list[str]]:
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             continue
+        entries = []
+        source = text.split(None, 1)[0] if text.strip() else Path(path).parent.name
         for entry in text.split("\n\n"):
             words = [w for w in entry.split() if not w.startswith("<") and "@" not in w]
             if len(words) >= 30:
-                out.append(words)
+                entries.append(words)
                 total += len(words)
+        out.append((source, entries))
         if total >= limit_words:
             break
     return out
@@ -82,7 +95,12 @@ def near_copy_keys(tokens: list[str]) -> set[tuple[str, ...]]:
     return keys
 
 
-def private_passages(seed: int, changelog_words: int = 3_000_000) -> list[list[str]]:
+def copy_keys(tokens: list[str]) -> set[tuple[str, ...]]:
+    """What two copies have in common: ``COPY_TOKENS`` tokens in a row."""
+    return {tuple(tokens[i : i + COPY_TOKENS]) for i in range(len(tokens) - COPY_TOKENS + 1)}
+
+
+def private_passages(seed: int, changelog_words: int = 3_000_000, *, near_copies: bool = False) -> list[list[str]]:
     """De-duplicated passages, shuffled: a passage that is a near-copy of an earlier kept one is dropped.
 
     Near-copy: the two share 8 tokens in a row, or 8 tokens around one edit of up to 2 tokens
@@ -98,6 +116,11 @@ def private_passages(seed: int, changelog_words: int = 3_000_000) -> list[list[s
     name ("bump standards version to 4.x.y, no changes needed") and sibling docstrings ("prefix /
     suffix can also be a tuple of prefixes / suffixes to look for").
 
+    With ``near_copies`` only copies are dropped (``COPY_TOKENS`` tokens in a row in common: one
+    changelog shipped by several binary packages, a text and its derivative), and the passages keep
+    the short phrases and near-copies unrelated real documents share (``run.py --near-copies``): the
+    clean traffic then holds the coincidental overlap a looser threshold has to survive.
+
     Deterministic: the seed fixes the passages and their order, and the keys are the tokens
     themselves (no salted ``hash``).
     """
@@ -107,7 +130,8 @@ def private_passages(seed: int, changelog_words: int = 3_000_000) -> list[list[s
     seen: set[tuple[str, ...]] = set()
     kept: list[list[str]] = []
     for words in candidates:
-        keys = near_copy_keys(tokenize(" ".join(words)))
+        tokens = tokenize(" ".join(words))
+        keys = copy_keys(tokens) if near_copies else near_copy_keys(tokens)
         if not keys.isdisjoint(seen):
             continue
         seen |= keys

@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.eval.traffic import PERTURBATIONS, Leak, Traffic, wire
 from bench.service import Running
-from service.app import make_index
+from service.app import make_index, thresholds
 from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text, key_id
 from service.fingerprint.tokens import tokenize
@@ -149,13 +149,7 @@ async def why_missed(
 ) -> list[Diagnosis]:
     settings = Settings(redis_url=service.redis_url, key_prefix=service.env["BLEEDWATCH_KEY_PREFIX"])
     index = make_index(settings)
-    t = Thresholds(
-        settings.min_matched_fingerprints,
-        settings.min_run_tokens,
-        settings.min_run_purity,
-        settings.high_run_tokens,
-        settings.critical_run_tokens,
-    )
+    t = thresholds(settings)
     allowlist = np.unique(
         np.concatenate([fingerprint_text(text, key, replace(params, sample_mod=1)).values for text in public])
     )

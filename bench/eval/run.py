@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import random
 import sys
 import tempfile
@@ -123,6 +124,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
                     "severity",
                 )
             }
+            | {"ranges": [r for src in f["evidence"]["sources"] for r in src["ranges"]]}
             for f in findings
             if (leak := truth.get(f["recipient_request_id"])) is None or f["source_tenant"] != leak.source_tenant
         ],
@@ -193,12 +195,17 @@ def main() -> None:
     p.add_argument(
         "--why-missed", action="store_true", help="replay the matcher's steps for each missed leak and count causes"
     )
+    p.add_argument(
+        "--near-copies",
+        action="store_true",
+        help="keep passages that share short phrases or near-copies with others (drop only 16-token copies)",
+    )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (SDK parameter)")
     args = p.parse_args()
 
     print("building corpus ...", file=sys.stderr)
-    passages = private_passages(args.seed, args.changelog_words)
+    passages = private_passages(args.seed, args.changelog_words, near_copies=args.near_copies)
     public = public_texts()
     traffic = generate(
         passages,
@@ -210,6 +217,9 @@ def main() -> None:
         long_share=args.long_share,
         seed=args.seed,
     )
+    # Runs compare only on the same traffic: which docstrings exist depends on what the process imported.
+    digest = hashlib.sha256(orjson.dumps([[ex.request_id, ex.prompt, ex.response] for ex in traffic.order])).hexdigest()
+    print(f"traffic {digest[:12]} from {len(passages)} passages", file=sys.stderr)
     key = random.Random(args.seed).randbytes(32)  # same traffic, same key: runs compare
     with tempfile.TemporaryDirectory() as tmp, running_service() as service:
         files = []

@@ -33,6 +33,8 @@ class Thresholds:
     min_purity: float
     high_run_tokens: int
     critical_run_tokens: int
+    # A copy of several runs needs one with at least this many fingerprints (1 = any chain counts).
+    chain_run_fingerprints: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,5 +319,16 @@ def longest(copied: list[list[Run]]) -> int:
 
 
 def is_finding(copied: list[list[Run]], t: Thresholds) -> bool:
-    """More than a coincidence: a copy with several fingerprints and a real length."""
-    return any(sum(r.fingerprints for r in c) >= t.min_matched and _tokens(c) >= t.min_run_tokens for c in copied)
+    """More than a coincidence: a copy with several fingerprints and a real length.
+
+    With ``chain_run_fingerprints`` > 1, a copy of several runs needs one run with that many
+    fingerprints: single shingles strung together (two frequent 4-grams next to each other in the
+    answer, each somewhere in the source tenant's prompts) are coincidences, not a copy.
+    """
+    for c in copied:
+        matched, tokens = sum(r.fingerprints for r in c), _tokens(c)
+        if len(c) > 1 and max(r.fingerprints for r in c) < t.chain_run_fingerprints:
+            continue  # single shingles strung together: each a frequent phrase the tenant had somewhere
+        if matched >= t.min_matched and tokens >= t.min_run_tokens:
+            return True
+    return False
