@@ -17,9 +17,10 @@ import random
 import numpy as np
 
 from bench.corpus import docstrings
+from service.app import thresholds as app_thresholds
 from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text
-from service.matching.evidence import Match, Thresholds, is_finding, runs, with_purity
+from service.matching.evidence import Match, Thresholds, copies, is_finding, pure_runs, runs
 
 SPANS = (16, 24, 32, 64, 128, 512)
 MODS = (1, 2, 4, 8, 16, 32)
@@ -28,10 +29,7 @@ INCIDENT_LEAKS = 155
 
 
 def thresholds() -> Thresholds:
-    s = Settings()
-    return Thresholds(
-        s.min_matched_fingerprints, s.min_run_tokens, s.min_run_purity, s.high_run_tokens, s.critical_run_tokens
-    )
+    return app_thresholds(Settings())
 
 
 def detected(span: list[str], where: dict[int, int], params: Params, key: bytes, t: Thresholds) -> bool:
@@ -43,11 +41,12 @@ def detected(span: list[str], where: dict[int, int], params: Params, key: bytes,
         if v in where
     ]
     counted = np.ones(len(response.values), dtype=bool)
-    found = [
-        with_purity(r, response.values, response.offsets, counted, params.n, params)
+    found = [  # as the matcher does (service/matching/matcher.py): pure pieces, then chains of them
+        piece
         for r in runs(matches, params, {1: params})
+        for piece in pure_runs(r, response.values, response.offsets, counted, params.n, params, matches, t)
     ]
-    return is_finding(found, t)
+    return is_finding(copies(found, t, params.n, params.w), t)
 
 
 def main() -> None:
