@@ -20,7 +20,7 @@ from bench.corpus import docstrings
 from service.app import thresholds as app_thresholds
 from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text
-from service.matching.evidence import Match, Thresholds, copies, is_finding, pure_runs, runs
+from service.matching.evidence import Match, Thresholds, copies, is_finding, scored_runs
 
 SPANS = (16, 24, 32, 64, 128, 512)
 MODS = (1, 2, 4, 8, 16, 32)
@@ -41,12 +41,8 @@ def detected(span: list[str], where: dict[int, int], params: Params, key: bytes,
         if v in where
     ]
     counted = np.ones(len(response.values), dtype=bool)
-    found = [  # as the matcher does (service/matching/matcher.py): pure pieces, then chains of them
-        piece
-        for r in runs(matches, params, {1: params})
-        for piece in pure_runs(r, response.values, response.offsets, counted, params.n, params, matches, t)
-    ]
-    return is_finding(copies(found, t, params.n, params.w), t)
+    found = scored_runs(matches, response.values, response.offsets, counted, params, {1: params}, t)
+    return is_finding(copies(found, t, params.n, params.w), t)  # as the matcher does
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text, key_id
 from service.fingerprint.tokens import tokenize
 from service.index.base import Index, Kind
-from service.matching.evidence import Match, Run, Thresholds, by_doc, chains, copies, is_finding, pure_runs, runs
+from service.matching.evidence import Match, Thresholds, chains, copies, is_finding, scored_runs
 
 CAUSES = (
     "scheme",
@@ -119,14 +119,8 @@ async def _diagnose(
         return done(removed.most_common(1)[0][0] if removed else "min matched", str(dict(removed)))
     metas = await index.get_docs(ns, sorted({m.source_doc for m in matches}), time.time())
     matches = [m for m in matches if m.source_doc in metas]
-    per_doc = by_doc(matches)
-    found_runs: list[Run] = [
-        piece
-        for r in runs(matches, params, {d: m.params for d, m in metas.items()})
-        for piece in pure_runs(
-            r, values, response.offsets, counted, n, metas[r.source_doc].params, per_doc[r.source_doc], t
-        )
-    ]
+    sources = {d: m.params for d, m in metas.items()}
+    found_runs = scored_runs(matches, values, response.offsets, counted, params, sources, t)
     detail = " ".join(
         f"[{r.start}-{r.end} fp={r.fingerprints} p={r.purity:.2f} src={r.source_doc}:{r.source_start}]"
         for r in found_runs

@@ -281,6 +281,24 @@ def pure_runs(
     ]
 
 
+def scored_runs(
+    matches: list[Match],
+    values: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint32],
+    counted: npt.NDArray[np.bool_],
+    response: Params,
+    sources: dict[int, Params],
+    t: Thresholds,
+) -> list[Run]:
+    """The matches' runs, each scored and split into pure pieces: what ``copies`` chains."""
+    per_doc = by_doc(matches)
+    return [
+        piece
+        for r in runs(matches, response, sources)
+        for piece in pure_runs(r, values, offsets, counted, response.n, sources[r.source_doc], per_doc[r.source_doc], t)
+    ]
+
+
 def coverage(found: list[Run], response_tokens: int) -> float:
     """Share of the response's tokens inside matched runs."""
     if response_tokens <= 0:

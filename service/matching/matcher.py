@@ -27,13 +27,11 @@ from service.matching.evidence import (
     Match,
     Run,
     Thresholds,
-    by_doc,
     copies,
     coverage,
     is_finding,
     longest,
-    pure_runs,
-    runs,
+    scored_runs,
     severity,
 )
 from service.matching.known import Known, KnownFingerprints
@@ -170,21 +168,8 @@ class Matcher:
         summaries = []
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
-            per_doc = by_doc(kept)
-            found_runs = [
-                piece
-                for r in runs(kept, meta.params, {doc: s.params for doc, s in sources.items()})
-                for piece in pure_runs(
-                    r,
-                    meta.values,
-                    meta.offsets,
-                    counted,
-                    meta.params.n,
-                    sources[r.source_doc].params,
-                    per_doc[r.source_doc],
-                    self._t,
-                )
-            ]
+            params = {doc: s.params for doc, s in sources.items()}
+            found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, self._t)
             copied = copies(found_runs, self._t, meta.params.n, meta.params.w)
             if kept and is_finding(copied, self._t):
                 summaries.append(_summarise(kept, found_runs, longest(copied), sources, meta.token_count))
