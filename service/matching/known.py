@@ -51,7 +51,11 @@ class Known:
     canaries: CanarySet
 
     def allowed(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
-        return np.isin(values, self.allowlist, assume_unique=False)
+        """Binary search in the sorted list: ``np.isin`` would sort the whole allowlist on every call."""
+        if len(self.allowlist) == 0:
+            return np.zeros(len(values), dtype=np.bool_)
+        pos = np.minimum(np.searchsorted(self.allowlist, values), len(self.allowlist) - 1)
+        return self.allowlist[pos] == values
 
 
 class KnownFingerprints:
