@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import Mix, Poster, batches, chat_texts, cpu_seconds, fingerprint_all, percentile, process_tree
 from bench.service import redis_nodes, running_service
+from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.index.keys import Keys
 
 
@@ -175,6 +177,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers of the service")
     p.add_argument("--warmup", type=float, default=0.05, help="share of batches sent before timing")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (1: every shingle)")
     p.add_argument("--wait", action="store_true", help="answers after processing (no Prefer: respond-async)")
     p.add_argument(
         "--shared-redis", action="store_true", help="use BLEEDWATCH_TEST_REDIS_URL, not a redis-server of its own"
@@ -189,7 +192,7 @@ def main() -> None:
     texts = chat_texts(args.exchanges, mix, args.seed, prefix=f"bench{args.seed}")
     words = sum(len(t.prompt.split()) + len(t.response.split()) for t in texts)
     t1 = time.perf_counter()
-    exchanges = fingerprint_all(texts)
+    exchanges = fingerprint_all(texts, params=replace(DEFAULT_PARAMS, w=args.w))
     t2 = time.perf_counter()
     print(
         f"traffic: {len(texts)} exchanges, {words:,} words, {sum(t.leak_from is not None for t in texts)} leaks "

@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 
 from bench.corpus import docstrings
+from service.fingerprint.scheme import DEFAULT_PARAMS, Params
 from service.sdk.exchange import fingerprint_exchange
 
 KEY = bytes(range(32, 64))
@@ -112,7 +113,7 @@ def chat_texts(n: int, mix: Mix, seed: int, prefix: str = "bench") -> list[TextP
     return out
 
 
-def _fingerprint(pair: TextPair, ts: float) -> dict[str, Any]:
+def _fingerprint(pair: TextPair, ts: float, params: Params) -> dict[str, Any]:
     return fingerprint_exchange(
         pair.prompt,
         pair.response,
@@ -122,14 +123,17 @@ def _fingerprint(pair: TextPair, ts: float) -> dict[str, Any]:
         model="bench-model",
         ts=ts,
         meta={"deployment": "bench", "node": "n1"},
+        params=params,
     )
 
 
-def fingerprint_all(pairs: Sequence[TextPair], processes: int = 2) -> list[dict[str, Any]]:
+def fingerprint_all(
+    pairs: Sequence[TextPair], processes: int = 2, params: Params = DEFAULT_PARAMS
+) -> list[dict[str, Any]]:
     """The SDK's wire form of every exchange, fingerprinted before any timing starts."""
     ts = time.time()
     with ProcessPoolExecutor(processes) as pool:
-        return list(pool.map(_fingerprint, pairs, [ts] * len(pairs), chunksize=32))
+        return list(pool.map(_fingerprint, pairs, [ts] * len(pairs), [params] * len(pairs), chunksize=32))
 
 
 def fingerprint_count(exchange: dict[str, Any]) -> int:

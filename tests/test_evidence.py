@@ -125,6 +125,20 @@ def test_a_template_filled_differently_is_not_a_chain() -> None:
     assert not is_finding(copies(slot + apart + again, T, 4, 6), T)
 
 
+def test_fragments_of_a_cut_neither_overlap_nor_leave_more_than_a_short_fragment_out() -> None:
+    # "a 2-tuple (host, port)" and "(host, port) for the socket to bind": two phrases of one
+    # docstring, far apart in the answer. A cut does not repeat text, so they are no fragments.
+    overlapping = [pure(13, 18, 296), pure(67, 74, 299)]
+    assert [len(c) for c in chains(overlapping, 4, 1)] == [1, 1]
+    # With every shingle kept (w = 1) a fragment keeps all its text: only one shorter than n
+    # (3 tokens) can go missing between two. "sftp-server(8): support the | home-directory
+    # extension request defined | in draft-ietf-secsh-filexfer-extensions-00" leaves out 5.
+    template = [pure(43, 48, 656), pure(62, 69, 666)]
+    assert [len(c) for c in chains(template, 4, 1)] == [1, 1]
+    assert [len(c) for c in chains([pure(43, 48, 656), pure(62, 69, 664)], 4, 1)] == [2]
+    assert [len(c) for c in chains(template, 4, 5)] == [2]  # winnowing may lose 5 at the edges
+
+
 def test_a_span_known_from_two_documents_of_the_tenant_is_one_chain() -> None:
     # The tenant sent the first half before with other neighbours: the index names that doc for it.
     halves = [pure(0, 7, 500, doc=1), pure(8, 14, 40, doc=2)]
@@ -132,6 +146,18 @@ def test_a_span_known_from_two_documents_of_the_tenant_is_one_chain() -> None:
     assert is_finding(copies(halves, T, 4, 6), T)
     far = [pure(0, 7, 500, doc=1), pure(30, 36, 40, doc=2)]  # not adjacent in the response
     assert not is_finding(copies(far, T, 4, 6), T)
+
+
+def test_two_phrases_of_the_tenant_with_the_answers_own_words_between_are_not_a_chain() -> None:
+    # "... bump standards version to 3.7.3 | add vcs-git and vcs-browser control fields | drop
+    # pre-dependency on x11-common from ...": the tenant's prompts hold the first phrase and the
+    # last, not the words between, whose fingerprints match none of its documents.
+    phrases = [pure(0, 4, 900, doc=1, fingerprints=1), pure(13, 19, 40, doc=2)]
+    between = [6, 9]
+    assert is_finding(copies(phrases, T, 4, 9), T)  # without looking between: 10 tokens, 3 fingerprints
+    assert not is_finding(copies(phrases, T, 4, 9, between), T)
+    # A copy known from two documents: its fingerprints across the seam are the source's too.
+    assert is_finding(copies(phrases, T, 4, 9, [30]), T)
 
 
 def test_a_phrase_the_response_repeats_against_two_documents_in_turn_is_not_a_chain() -> None:

@@ -34,7 +34,7 @@ from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text, key_id
 from service.fingerprint.tokens import tokenize
 from service.index.base import Index, Kind
-from service.matching.evidence import Match, Thresholds, chains, copies, is_finding, scored_runs
+from service.matching.evidence import Match, Thresholds, chains, copies, holes, is_finding, scored_runs
 
 CAUSES = (
     "scheme",
@@ -126,9 +126,10 @@ async def _diagnose(
         for r in found_runs
     )
     detail = f"region {a}-{b} removed {dict(removed)} runs {detail}"
-    if is_finding(copies(found_runs, t, n, params.w), t):
+    gaps = holes(values, response.offsets, counted, matches, sources)
+    if is_finding(copies(found_runs, t, n, params.w, gaps), t):
         return done("found now", detail)
-    if is_finding(chains(found_runs, n, params.w), t):
+    if is_finding(chains(found_runs, n, params.w, gaps), t):
         return done("purity", detail)
     inside = [r for r in found_runs if r.end > a and r.start < b]
     if is_finding([inside], t):

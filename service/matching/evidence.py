@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -110,18 +111,26 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
     return sorted(out, key=lambda r: (r.start, r.source_doc))
 
 
-def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
+def chains(found: list[Run], n: int, w: int, holes: Sequence[int] = ()) -> list[list[Run]]:
     """Runs of one source tenant that together copy one stretch of its text.
 
     Three cases make one copy look like several runs:
 
     - fragments of a source span interleaved with other text: consecutive runs of one document
-      whose source ranges abut (up to the n + w tokens a fragment loses at its edges) while the
-      response has more than ``SHIFT_TOLERANCE`` tokens inserted between them (with fewer, they
-      would be one run);
+      whose source ranges abut, in order and without overlapping (a cut does not repeat text),
+      while the response has more than ``SHIFT_TOLERANCE`` tokens inserted between them (with
+      fewer, they would be one run). "Abut" allows the tokens between a fragment's edge and
+      its first or last fingerprint (up to w - 1 on each side) and a fragment too short to keep
+      one (up to n + w - 2): at most 3w + n - 4 tokens, and no more than n + w, a trade measured
+      in docs/detection.md. With w = 1 every shingle is a fingerprint, so that is n - 1;
     - a span the index knows from two of the tenant's documents (it holds each fingerprint's
       first prompt, and the tenant sent parts of the span before, with other neighbours): runs
-      of different documents that abut in the response;
+      of different documents that abut in the response, with no ``holes`` between them (sorted
+      response offsets of fingerprints that could have matched the tenant and did not). Every
+      fingerprint of a copy is in one of the tenant's documents, those across the seam too (in
+      the prompt that held the whole span); two phrases the tenant happens to share, a few words
+      apart in the answer ("... to 3.7.3", "drop pre-dependency on x11-common from"), have the
+      answer's own words between them;
     - a phrase the source repeats: the index knows it at its first occurrence, so its run points
       back before anything the chain took of the document, and touches the chain's last run in
       the response (within a copy the next fingerprint is at most w tokens after the last).
@@ -137,7 +146,7 @@ def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
     too: a phrase the recipient's own text repeats ("use after free bug in") is no fragment of a
     copy, and joined to a short shared run next to it would make one.
     """
-    edge = n + w
+    edge = min(n + w, 3 * w + n - 4)
     spots = Counter((r.source_doc, r.source_start, r.source_end) for r in found)
     repeated = {id(r) for r in found if spots[(r.source_doc, r.source_start, r.source_end)] > 1}
     out: list[list[Run]] = []
@@ -155,10 +164,10 @@ def chains(found: list[Run], n: int, w: int) -> list[list[Run]]:
             gap = run.start - last.end
             if run.source_doc == last.source_doc:
                 source_gap = run.source_start - last.source_end
-                joins = -n < source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS
+                joins = 0 <= source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS
                 joins = joins or (-n < gap <= w - n and _back(chain, run))
             else:
-                joins = -n < gap <= edge and _forward(chain, run, n)
+                joins = -n < gap <= edge and _forward(chain, run, n) and not _between(holes, last, run, n)
             if joins and (best is None or _tokens(chain) > _tokens(best)):
                 best = chain
         if best is None:
@@ -177,6 +186,31 @@ def _forward(chain: list[Run], run: Run, n: int) -> bool:
 def _back(chain: list[Run], run: Run) -> bool:
     """``run`` ends before anything ``chain`` took of its source document."""
     return run.source_end <= min(r.source_start for r in chain if r.source_doc == run.source_doc)
+
+
+def _between(holes: Sequence[int], left: Run, right: Run, n: int) -> bool:
+    """Is a hole between ``left``'s last matched fingerprint and ``right``'s first?"""
+    i = bisect.bisect_right(holes, left.end - n)
+    return i < len(holes) and holes[i] < right.start
+
+
+def holes(
+    values: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint32],
+    counted: npt.NDArray[np.bool_],
+    matches: list[Match],
+    sources: dict[int, Params],
+) -> list[int]:
+    """Response offsets of fingerprints that could have matched a source tenant and did not.
+
+    ``matches`` are all of the tenant's. Where one of its documents was sampled only values
+    divisible by its ``sample_mod`` could match, so only those count.
+    """
+    mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
+    could = counted & ~np.isin(offsets, np.array([m.response_offset for m in matches], dtype=np.uint32))
+    if mods:
+        could &= values % np.uint64(max(mods)) == 0
+    return [int(o) for o in offsets[could]]
 
 
 def _tokens(found: list[Run]) -> int:
@@ -326,9 +360,12 @@ def _no_holes(run: Run, t: Thresholds) -> bool:
     return run.purity >= t.min_purity
 
 
-def copies(found: list[Run], t: Thresholds, n: int, w: int) -> list[list[Run]]:
-    """The chains of runs without holes: what may be a copy, for ``is_finding`` and ``longest``."""
-    return chains([r for r in found if _no_holes(r, t)], n, w)
+def copies(found: list[Run], t: Thresholds, n: int, w: int, gaps: Sequence[int] = ()) -> list[list[Run]]:
+    """The chains of runs without holes: what may be a copy, for ``is_finding`` and ``longest``.
+
+    ``gaps``: the source tenant's ``holes``, which documents of a chain must not have between them.
+    """
+    return chains([r for r in found if _no_holes(r, t)], n, w, gaps)
 
 
 def longest(copied: list[list[Run]]) -> int:

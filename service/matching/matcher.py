@@ -29,6 +29,7 @@ from service.matching.evidence import (
     Thresholds,
     copies,
     coverage,
+    holes,
     is_finding,
     longest,
     scored_runs,
@@ -170,7 +171,8 @@ class Matcher:
             kept = [m for m in ms if m.source_doc in sources]
             params = {doc: s.params for doc, s in sources.items()}
             found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, self._t)
-            copied = copies(found_runs, self._t, meta.params.n, meta.params.w)
+            gaps = holes(meta.values, meta.offsets, counted, kept, params)
+            copied = copies(found_runs, self._t, meta.params.n, meta.params.w, gaps)
             if kept and is_finding(copied, self._t):
                 summaries.append(_summarise(kept, found_runs, longest(copied), sources, meta.token_count))
         if not summaries:
