@@ -55,7 +55,8 @@ class Known:
         if len(self.allowlist) == 0:
             return np.zeros(len(values), dtype=np.bool_)
         pos = np.minimum(np.searchsorted(self.allowlist, values), len(self.allowlist) - 1)
-        return self.allowlist[pos] == values
+        found: npt.NDArray[np.bool_] = self.allowlist[pos] == values
+        return found
 
 
 class KnownFingerprints:
