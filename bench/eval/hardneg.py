@@ -231,7 +231,8 @@ async def replay(url: str, token: str, cases: list[tuple[str, str]], seed: int, 
     """Each case in both directions, each direction under a key of its own (else the one text would
     match itself across the two)."""
     rng = random.Random(seed)
-    async with BleedwatchClient(url, token, batch_size=100, flush_seconds=3600) as client:
+    # Waits for each batch to be processed, so that the findings are all there when it returns.
+    async with BleedwatchClient(url, token, batch_size=100, flush_seconds=3600, wait_for_processing=True) as client:
         for i, (x, y) in enumerate(cases):
             for d, (prompt, response) in enumerate(((x, y), (y, x))):
                 key = rng.randbytes(32)
