@@ -85,14 +85,15 @@ def make_index(settings: Settings) -> Index:
     )
 
 
-def thresholds(settings: Settings) -> Thresholds:
+def thresholds(settings: Settings, *, exact: bool = False) -> Thresholds:
+    """The finding rule's thresholds; ``exact`` for responses fingerprinted with w = 1 (docs/detection.md)."""
     return Thresholds(
         min_matched=settings.min_matched_fingerprints,
-        min_run_tokens=settings.min_run_tokens,
+        min_run_tokens=settings.exact_min_run_tokens if exact else settings.min_run_tokens,
         min_purity=settings.min_run_purity,
         high_run_tokens=settings.high_run_tokens,
         critical_run_tokens=settings.critical_run_tokens,
-        chain_run_fingerprints=settings.chain_run_fingerprints,
+        chain_run_fingerprints=settings.exact_chain_run_fingerprints if exact else settings.chain_run_fingerprints,
     )
 
 
@@ -133,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limiter = make_limiter(settings)
         # Findings held while the database was down, written by every replica when it is back.
         writer = FindingsWriter(sessions, index.outbox())
-        matcher = Matcher(index, known, thresholds(settings))
+        matcher = Matcher(index, known, thresholds(settings), thresholds(settings, exact=True))
         ingestor = Ingestor(index, matcher, sessions, limits, writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
         app.state.deps = AppDeps(

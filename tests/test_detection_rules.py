@@ -9,8 +9,10 @@ import pytest
 
 from service.auth.keys import Role
 from service.fingerprint.encoding import U32_LE, U64_LE, encode
-from service.fingerprint.scheme import DEFAULT_PARAMS, key_id
+from service.fingerprint.scheme import DEFAULT_PARAMS, Params, key_id
+from service.fingerprint.tokens import tokenize
 from service.probe import UNSAMPLED, canary_text
+from service.sdk.exchange import fingerprint_exchange
 from tests.conftest import Api
 from tests.traffic import KEY, fp, words
 from tests.traffic import exchange as ex
@@ -166,3 +168,20 @@ async def test_list_changes_are_audited(api: Api) -> None:
     actions = [e["action"] for e in (await admin(api, "GET", "/v1/audit", params={"limit": 50}))["items"]]
     for action in ("allowlist.add", "allowlist.revoke", "canaries.register", "canaries.revoke"):
         assert action in actions
+
+
+async def test_with_every_shingle_a_copy_is_judged_by_its_exact_length(api: Api) -> None:
+    # w = 1: a run is as long as the copy, so the bar is 12 tokens (exact_min_run_tokens), not 10.
+    every = Params(w=1)
+    now = time.time()
+    source = tokenize(words("argparse", 0, 300))
+
+    def exchange(tenant: str, prompt: str, response: str) -> dict[str, Any]:
+        return fingerprint_exchange(
+            prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=now, params=every
+        )
+
+    await post(api, exchange("a", " ".join(source), words("json", 0, 30)))
+    await post(api, exchange("b", words("heapq"), "zq " + " ".join(source[50:62]) + " qz"))  # 12 tokens
+    await post(api, exchange("c", words("csv"), "zq " + " ".join(source[120:131]) + " qz"))  # 11 tokens
+    assert [(f["recipient_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("b", 12)]

@@ -266,3 +266,5 @@ def test_the_chain_rule_is_a_service_setting() -> None:
 
     assert thresholds(Settings(chain_run_fingerprints=2)).chain_run_fingerprints == 2
     assert thresholds(Settings()).chain_run_fingerprints == 1  # today's rule by default
+    exact = thresholds(Settings(), exact=True)  # for responses fingerprinted with w = 1
+    assert (exact.min_run_tokens, exact.chain_run_fingerprints) == (12, 3)

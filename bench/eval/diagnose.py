@@ -144,7 +144,7 @@ async def why_missed(
 ) -> list[Diagnosis]:
     settings = Settings(redis_url=service.redis_url, key_prefix=service.env["BLEEDWATCH_KEY_PREFIX"])
     index = make_index(settings)
-    t = thresholds(settings)
+    t = thresholds(settings, exact=params.w == 1)  # as the matcher chooses
     allowlist = np.unique(
         np.concatenate([fingerprint_text(text, key, replace(params, sample_mod=1)).values for text in public])
     )

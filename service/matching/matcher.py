@@ -97,10 +97,13 @@ def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, 
 
 
 class Matcher:
-    def __init__(self, index: Index, known: KnownFingerprints, thresholds: Thresholds) -> None:
+    def __init__(self, index: Index, known: KnownFingerprints, thresholds: Thresholds, exact: Thresholds) -> None:
+        """``exact`` judges responses fingerprinted with every shingle (w = 1): their runs have
+        their true length, where winnowing's fall short of it, so they need other thresholds."""
         self._index = index
         self._known = known
         self._t = thresholds
+        self._exact = exact
 
     @tracing.traced("match")
     async def evaluate(
@@ -141,6 +144,7 @@ class Matcher:
     ) -> FindingDraft | None:
         assert meta.values is not None
         assert meta.offsets is not None
+        t = self._exact if meta.params.w == 1 else self._t
         matches: dict[tuple[str, int], list[Match]] = {}  # by ("tenant", ref) or ("canary", id)
         allowed = known.allowed(meta.values)
         canary_pos = known.canaries.find(meta.values)
@@ -170,10 +174,10 @@ class Matcher:
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
             params = {doc: s.params for doc, s in sources.items()}
-            found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, self._t)
+            found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, t)
             gaps = holes(meta.values, meta.offsets, counted, kept, params)
-            copied = copies(found_runs, self._t, meta.params.n, meta.params.w, gaps)
-            if kept and is_finding(copied, self._t):
+            copied = copies(found_runs, t, meta.params.n, meta.params.w, gaps)
+            if kept and is_finding(copied, t):
                 summaries.append(_summarise(kept, found_runs, longest(copied), sources, meta.token_count))
         if not summaries:
             return None
@@ -196,7 +200,7 @@ class Matcher:
             matched_fingerprints=top.matched,
             longest_run_words=top.longest,
             score=top.coverage,
-            severity=severity(top.longest, self._t, canary=top.canary),
+            severity=severity(top.longest, t, canary=top.canary),
             evidence={
                 "scheme": {"n": meta.params.n, "w": meta.params.w},
                 "sources": [s.as_json() for s in summaries],
