@@ -111,7 +111,7 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
     return sorted(out, key=lambda r: (r.start, r.source_doc))
 
 
-def chains(found: list[Run], n: int, w: int, holes: Sequence[int] = ()) -> list[list[Run]]:
+def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[list[Run]]:
     """Runs of one source tenant that together copy one stretch of its text.
 
     Three cases make one copy look like several runs:
@@ -125,10 +125,10 @@ def chains(found: list[Run], n: int, w: int, holes: Sequence[int] = ()) -> list[
       in docs/detection.md. With w = 1 every shingle is a fingerprint, so that is n - 1;
     - a span the index knows from two of the tenant's documents (it holds each fingerprint's
       first prompt, and the tenant sent parts of the span before, with other neighbours): runs
-      of different documents that abut in the response, with no ``holes`` between them (sorted
-      response offsets of fingerprints that could have matched the tenant and did not). Every
-      fingerprint of a copy is in one of the tenant's documents, those across the seam too (in
-      the prompt that held the whole span); two phrases the tenant happens to share, a few words
+      of different documents that abut in the response, with none of the ``gaps`` between them
+      (sorted response offsets of fingerprints that could have matched the tenant and did not:
+      ``holes``). Every fingerprint of a copy is in one of the tenant's documents, those across
+      the seam too (in the prompt that held the whole span); two phrases the tenant happens to share, a few words
       apart in the answer ("... to 3.7.3", "drop pre-dependency on x11-common from"), have the
       answer's own words between them;
     - a phrase the source repeats: the index knows it at its first occurrence, so its run points
@@ -167,7 +167,7 @@ def chains(found: list[Run], n: int, w: int, holes: Sequence[int] = ()) -> list[
                 joins = 0 <= source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS
                 joins = joins or (-n < gap <= w - n and _back(chain, run))
             else:
-                joins = -n < gap <= edge and _forward(chain, run, n) and not _between(holes, last, run, n)
+                joins = -n < gap <= edge and _forward(chain, run, n) and not _between(gaps, last, run, n)
             if joins and (best is None or _tokens(chain) > _tokens(best)):
                 best = chain
         if best is None:
@@ -188,10 +188,10 @@ def _back(chain: list[Run], run: Run) -> bool:
     return run.source_end <= min(r.source_start for r in chain if r.source_doc == run.source_doc)
 
 
-def _between(holes: Sequence[int], left: Run, right: Run, n: int) -> bool:
-    """Is a hole between ``left``'s last matched fingerprint and ``right``'s first?"""
-    i = bisect.bisect_right(holes, left.end - n)
-    return i < len(holes) and holes[i] < right.start
+def _between(gaps: Sequence[int], left: Run, right: Run, n: int) -> bool:
+    """Is one of the ``gaps`` between ``left``'s last matched fingerprint and ``right``'s first?"""
+    i = bisect.bisect_right(gaps, left.end - n)
+    return i < len(gaps) and gaps[i] < right.start
 
 
 def holes(
