@@ -24,6 +24,15 @@ from service.fingerprint.encoding import from_signed
 EMPTY = np.empty(0, dtype=np.uint64)
 
 
+def positions(sorted_values: npt.NDArray[np.uint64], values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """For each of ``values``, its position in ``sorted_values``, or -1: a binary search per value,
+    where ``np.isin`` would sort the whole list again on every call."""
+    if len(sorted_values) == 0:
+        return np.full(len(values), -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return np.where(sorted_values[pos] == values, pos, -1)
+
+
 @dataclass(frozen=True, slots=True)
 class CanarySet:
     """Canary fingerprints sorted by value, with the canary and token offset of each."""
@@ -36,10 +45,7 @@ class CanarySet:
 
     def find(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         """For each value, the position of its canary fingerprint here, or -1."""
-        if len(self.values) == 0:
-            return np.full(len(values), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.values, values), len(self.values) - 1)
-        return np.where(self.values[pos] == values, pos, -1)
+        return positions(self.values, values)
 
 
 NO_CANARIES = CanarySet(EMPTY, np.empty(0, np.int64), np.empty(0, np.int64), {}, {})
@@ -51,12 +57,7 @@ class Known:
     canaries: CanarySet
 
     def allowed(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
-        """Binary search in the sorted list: ``np.isin`` would sort the whole allowlist on every call."""
-        if len(self.allowlist) == 0:
-            return np.zeros(len(values), dtype=np.bool_)
-        pos = np.minimum(np.searchsorted(self.allowlist, values), len(self.allowlist) - 1)
-        found: npt.NDArray[np.bool_] = self.allowlist[pos] == values
-        return found
+        return positions(self.allowlist, values) >= 0
 
 
 class KnownFingerprints:
