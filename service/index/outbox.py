@@ -9,7 +9,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from service import metrics
 from service.index.keys import Keys
-from service.index.streams import create_group, entries, entry_id
+from service.index.streams import Group, entries, entry_id
 
 GROUP = "writers"
 
@@ -20,12 +20,7 @@ class RedisOutbox:
     def __init__(self, client: Redis | RedisCluster, keys: Keys) -> None:
         self._r = client
         self._key = keys.outbox
-        self._group_ready = False
-
-    async def _group(self) -> None:
-        if not self._group_ready:
-            await create_group(self._r, self._key, GROUP)
-            self._group_ready = True
+        self._group = Group(client, self._key, GROUP)
 
     async def hold(self, items: list[bytes]) -> None:
         if not items:
@@ -37,7 +32,7 @@ class RedisOutbox:
             await pipe.execute()
 
     async def claim(self, consumer: str, count: int, min_idle_seconds: float) -> list[tuple[str, bytes]]:
-        await self._group()
+        await self._group.ensure()
         metrics.REDIS_ROUND_TRIPS.inc()
         mine = await self._r.xreadgroup(GROUP, consumer, {self._key: "0"}, count=count)
         items = entries(mine, b"d")

@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from service import metrics
 from service.index.keys import Keys
-from service.index.streams import create_group, entries, entry_id
+from service.index.streams import Group, entries, entry_id
 
 GROUP = "ingest"
 RESULT_SECONDS = 300
@@ -51,12 +51,7 @@ class RedisQueue:
         self._r = client
         self._keys = keys
         self._key = keys.queue
-        self._group_ready = False
-
-    async def _group(self) -> None:
-        if not self._group_ready:
-            await create_group(self._r, self._key, GROUP)
-            self._group_ready = True
+        self._group = Group(client, self._key, GROUP)
 
     async def put(self, item: bytes, max_items: int) -> str | None:
         metrics.REDIS_ROUND_TRIPS.inc()
@@ -64,7 +59,7 @@ class RedisQueue:
         return None if item_id is None else entry_id(item_id)
 
     async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None:
-        await self._group()
+        await self._group.ensure()
         metrics.REDIS_ROUND_TRIPS.inc()
         try:
             reply = await self._r.xreadgroup(
@@ -73,13 +68,13 @@ class RedisQueue:
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self._group_ready = False  # the stream was deleted (FLUSHDB, an operator): make it again
+            self._group.lost()
             return None
         taken = entries(reply, b"b")
         return taken[0] if taken else None
 
     async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]:
-        await self._group()
+        await self._group.ensure()
         idle_ms = int(min_idle_seconds * 1000)
         metrics.REDIS_ROUND_TRIPS.inc()
         pending: list[dict[str, Any]] = await self._r.xpending_range(

@@ -8,14 +8,30 @@ from redis.exceptions import ResponseError
 from service import metrics
 
 
-async def create_group(client: Redis | RedisCluster, key: str, group: str) -> None:
-    """The group, and the stream with it; one that exists already is fine (every replica tries)."""
-    metrics.REDIS_ROUND_TRIPS.inc()
-    try:
-        await client.xgroup_create(key, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+class Group:
+    """One stream's consumer group, made by each replica on first use (and again once it is lost)."""
+
+    def __init__(self, client: Redis | RedisCluster, key: str, name: str) -> None:
+        self._r = client
+        self._key = key
+        self._name = name
+        self._ready = False
+
+    async def ensure(self) -> None:
+        """The group, and the stream with it; one that exists already is fine (every replica tries)."""
+        if self._ready:
+            return
+        metrics.REDIS_ROUND_TRIPS.inc()
+        try:
+            await self._r.xgroup_create(self._key, self._name, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._ready = True
+
+    def lost(self) -> None:
+        """The stream was deleted (FLUSHDB, an operator): the next ``ensure`` makes it again."""
+        self._ready = False
 
 
 def entry_id(raw: bytes | str) -> str:
