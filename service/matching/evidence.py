@@ -204,8 +204,11 @@ def holes(
     """Response offsets of fingerprints that could have matched a source tenant and did not.
 
     ``matches`` are all of the tenant's. Where one of its documents was sampled only values
-    divisible by its ``sample_mod`` could match, so only those count.
+    divisible by its ``sample_mod`` could match, so only those count. Only a chain of two
+    documents looks at them, so with one document there are none to find.
     """
+    if len({m.source_doc for m in matches}) < 2:
+        return []
     mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
     could = counted & ~np.isin(offsets, np.array([m.response_offset for m in matches], dtype=np.uint32))
     if mods:
