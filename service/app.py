@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import redis.exceptions
 import sqlalchemy.exc
@@ -149,26 +149,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             limiter=limiter,
             incidents=incidents,
         )
-        await risk.start()  # the risk gauges, from the database, before the first scrape
-        writer.start()
-        worker.start()
-        await incidents.start()
-        await retention.start()
-        if webhooks is not None:
-            await webhooks.start()
-        try:
-            yield
-        finally:
-            await worker.stop()  # after uvicorn has answered every request: SIGTERM drains
-            await writer.stop()
+        # Stopped in the reverse order, each even if one before it raised: the workers first (after
+        # uvicorn has answered every request: SIGTERM drains), the clients they use last.
+        async with AsyncExitStack() as running:
+            running.push_async_callback(engine.dispose)
+            running.push_async_callback(index.close)
+            running.push_async_callback(limiter.close)
+            await risk.start()  # the risk gauges, from the database, before the first scrape
+            running.push_async_callback(risk.stop)
+            await incidents.start()
+            running.push_async_callback(incidents.stop)
+            await retention.start()
+            running.push_async_callback(retention.stop)
             if webhooks is not None:
-                await webhooks.stop()
-            await retention.stop()
-            await incidents.stop()
-            await risk.stop()
-            await limiter.close()
-            await index.close()
-            await engine.dispose()
+                await webhooks.start()
+                running.push_async_callback(webhooks.stop)
+            writer.start()
+            running.push_async_callback(writer.stop)
+            worker.start()
+            running.push_async_callback(worker.stop)
+            yield
 
     app = FastAPI(
         title="bleedwatch",

@@ -1,7 +1,10 @@
 """One background loop for the app's periodic chores (gauges from the database, pruning).
 
 A failure of a backend (database, Redis, network) is logged and retried at the next tick:
-a chore must never take the service down with it. Anything else is a bug and ends the loop.
+a chore must never take the service down with it. Anything else is logged with its traceback
+and retried too: a loop that ended would leave the replica serving with a chore silently gone
+(held findings never written, abandoned batches never reclaimed), and redis-py itself lets
+some connection resets out as ``AttributeError`` or ``TypeError`` (redis/redis-py#4287).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class Periodic:
             await self._job()
         except BACKEND_ERRORS as exc:
             log.warning("%s failed, retried at the next tick", self.name, extra={"exc_type": type(exc).__name__})
+        except Exception as exc:
+            log.exception("%s raised, retried at the next tick", self.name, extra={"exc_type": type(exc).__name__})
 
     def start(self) -> None:
         if self._interval > 0:

@@ -9,7 +9,8 @@ in the queue's pending list: while Redis or the database is unreachable its work
 if its replica dies, another one reclaims it once it has been idle ``reclaim_seconds``. A batch
 whose processing raises anything else is a bug's victim: it is retried on later deliveries and
 after ``MAX_DELIVERIES`` moved to the dead letters (``bleedwatch_ingest_dead_letters_total``),
-never dropped silently.
+never dropped silently. No error ends a worker: one that died would leave its replica taking
+batches with fewer hands and nobody told.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class IngestWorker:
                 log.warning("ingest_queue_unreachable", extra={"exc_type": type(exc).__name__})
                 await asyncio.sleep(TAKE_BLOCK_SECONDS)
                 continue
+            except Exception as exc:  # redis-py lets some connection resets out as AttributeError (#4287)
+                log.exception("ingest_take_failed", extra={"exc_type": type(exc).__name__})
+                await asyncio.sleep(TAKE_BLOCK_SECONDS)
+                continue
             if taken is not None:
                 await self._handle(*taken, deliveries=1)
             elif self._stopping:
@@ -117,7 +122,7 @@ class IngestWorker:
     async def _bury(self, item_id: str, item: bytes, deliveries: int) -> None:
         try:
             await self._queue.bury(item_id, item)
-        except OUTAGE as exc:  # still pending: buried at its next delivery
+        except Exception as exc:  # still pending: buried at its next delivery
             log.warning("ingest_bury_failed", extra={"item": item_id, "exc_type": type(exc).__name__})
             return
         metrics.INGEST_DEAD_LETTERS.inc()
