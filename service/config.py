@@ -34,8 +34,9 @@ class Settings(BaseSettings):
     min_run_tokens: int = Field(10, ge=1)
     min_run_purity: float = Field(0.7, ge=0, le=1)
     chain_run_fingerprints: int = Field(1, ge=1)  # a chain of runs needs one with this many fingerprints
-    # The same two for responses fingerprinted with every shingle (w = 1), whose runs are exact.
+    # The same three for responses fingerprinted with every shingle (w = 1), whose runs are exact.
     exact_min_run_tokens: int = Field(12, ge=1)
+    exact_min_run_purity: float = Field(0.55, ge=0, le=1)
     exact_chain_run_fingerprints: int = Field(3, ge=1)
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)

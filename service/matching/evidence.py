@@ -22,8 +22,10 @@ from service.fingerprint.scheme import Params
 GAP_TOKENS = 64
 # ... and the source may drift by this many tokens against the response (inserted or dropped words).
 SHIFT_TOLERANCE = 8
-# A run of this many matched fingerprints needs only this purity (see _no_holes).
+# A run of this many matched fingerprints needs only this purity (see _no_holes). Six winnowed
+# fingerprints (w = 5) span about 18 shingles; with every shingle kept (w = 1), 18 do.
 LONG_RUN_FINGERPRINTS = 6
+EXACT_LONG_RUN_FINGERPRINTS = 18
 LONG_RUN_PURITY = 0.5
 
 
@@ -36,6 +38,8 @@ class Thresholds:
     critical_run_tokens: int
     # A copy of several runs needs one with at least this many fingerprints (1 = any chain counts).
     chain_run_fingerprints: int = 1
+    # A run with this many fingerprints needs only ``LONG_RUN_PURITY``.
+    long_run_fingerprints: int = LONG_RUN_FINGERPRINTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +362,7 @@ def _no_holes(run: Run, t: Thresholds) -> bool:
     below ``min_purity`` while no template does: a template's shared stretches between its slots
     are short, so its runs have few fingerprints.
     """
-    if run.fingerprints >= LONG_RUN_FINGERPRINTS:
+    if run.fingerprints >= t.long_run_fingerprints:
         return run.purity >= LONG_RUN_PURITY
     return run.purity >= t.min_purity
 
