@@ -44,7 +44,7 @@ from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker
 from service.json_only import JsonOnly
 from service.logging import RequestContext
-from service.matching.evidence import EXACT_LONG_RUN_FINGERPRINTS, LONG_RUN_FINGERPRINTS, Thresholds
+from service.matching.evidence import LONG_RUN_PURITY, Thresholds
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
 from service.migrate import upgrade
@@ -90,11 +90,11 @@ def thresholds(settings: Settings, *, exact: bool = False) -> Thresholds:
     return Thresholds(
         min_matched=settings.min_matched_fingerprints,
         min_run_tokens=settings.exact_min_run_tokens if exact else settings.min_run_tokens,
-        min_purity=settings.exact_min_run_purity if exact else settings.min_run_purity,
+        min_purity=settings.min_run_purity,
         high_run_tokens=settings.high_run_tokens,
         critical_run_tokens=settings.critical_run_tokens,
         chain_run_fingerprints=settings.exact_chain_run_fingerprints if exact else settings.chain_run_fingerprints,
-        long_run_fingerprints=EXACT_LONG_RUN_FINGERPRINTS if exact else LONG_RUN_FINGERPRINTS,
+        long_run_purity=settings.exact_long_run_purity if exact else LONG_RUN_PURITY,
     )
 
 

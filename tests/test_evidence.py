@@ -254,16 +254,13 @@ def test_with_every_shingle_a_run_with_the_holes_of_a_template_is_no_copy() -> N
 
     exact = thresholds(Settings(), exact=True)  # w = 1: a run's holes are exactly the shingles it lost
     # "alsa intel dsp config add quirk for apl glk tgl devices based on es8336 codec" answered
-    # with "... for cml devices ...": 7 and 5 tokens shared around the slot, 6 of 12 shingles.
+    # with three other words in the slot: 7 and 5 tokens shared around it, 6 of 12 shingles.
     template = replace(pure(0, 15, 100, fingerprints=6), purity=6 / 12)
     assert not is_finding(copies([template], exact, 4, 1), exact)
-    assert is_finding(copies([template], T, 4, 5), T)  # at w = 5, six fingerprints make a long run
-    # The shortest copy, 12 tokens, with one word substituted: 5 of its 9 shingles.
-    substituted = replace(pure(0, 12, 100, fingerprints=5), purity=5 / 9)
+    assert is_finding(copies([template], T, 4, 5), T)  # winnowed (w = 5), six fingerprints make a long run
+    # A 13-token copy with one word substituted: 6 of its 10 shingles.
+    substituted = replace(pure(0, 13, 100, fingerprints=6), purity=6 / 10)
     assert is_finding(copies([substituted], exact, 4, 1), exact)
-    # 44 tokens with five words substituted: 21 of 41 shingles, a long run.
-    long_copy = replace(pure(0, 44, 100, fingerprints=21), purity=21 / 41)
-    assert is_finding(copies([long_copy], exact, 4, 1), exact)
 
 
 def test_a_chain_of_single_shingles_is_no_copy_when_a_run_of_several_is_required() -> None:
@@ -285,4 +282,4 @@ def test_the_chain_rule_is_a_service_setting() -> None:
     assert thresholds(Settings(chain_run_fingerprints=2)).chain_run_fingerprints == 2
     assert thresholds(Settings()).chain_run_fingerprints == 1  # today's rule by default
     exact = thresholds(Settings(), exact=True)  # for responses fingerprinted with w = 1
-    assert (exact.min_run_tokens, exact.min_purity, exact.chain_run_fingerprints) == (12, 0.55, 3)
+    assert (exact.min_run_tokens, exact.chain_run_fingerprints, exact.long_run_purity) == (12, 3, 0.55)

@@ -22,10 +22,9 @@ from service.fingerprint.scheme import Params
 GAP_TOKENS = 64
 # ... and the source may drift by this many tokens against the response (inserted or dropped words).
 SHIFT_TOLERANCE = 8
-# A run of this many matched fingerprints needs only this purity (see _no_holes). Six winnowed
-# fingerprints (w = 5) span about 18 shingles; with every shingle kept (w = 1), 18 do.
+# A run of this many matched fingerprints needs only this purity (see _no_holes); with every
+# shingle (w = 1) a run's holes are exact, and ``Thresholds.long_run_purity`` is higher.
 LONG_RUN_FINGERPRINTS = 6
-EXACT_LONG_RUN_FINGERPRINTS = 18
 LONG_RUN_PURITY = 0.5
 
 
@@ -38,8 +37,8 @@ class Thresholds:
     critical_run_tokens: int
     # A copy of several runs needs one with at least this many fingerprints (1 = any chain counts).
     chain_run_fingerprints: int = 1
-    # A run with this many fingerprints needs only ``LONG_RUN_PURITY``.
-    long_run_fingerprints: int = LONG_RUN_FINGERPRINTS
+    # What a run of ``LONG_RUN_FINGERPRINTS`` or more needs instead of ``min_purity``.
+    long_run_purity: float = LONG_RUN_PURITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,10 +359,12 @@ def _no_holes(run: Run, t: Thresholds) -> bool:
 
     A substituted word costs up to n shingles, so a long copy with a few substitutions can fall
     below ``min_purity`` while no template does: a template's shared stretches between its slots
-    are short, so its runs have few fingerprints.
+    are short, so its runs have few fingerprints. At w = 1 six fingerprints are only 9 tokens: a
+    copy with one substituted word and six matches has 6 of 10 (0.6), and a template whose slot
+    holds three words, 7 and 5 tokens around it, 6 of 12; ``long_run_purity`` (0.55) parts them.
     """
-    if run.fingerprints >= t.long_run_fingerprints:
-        return run.purity >= LONG_RUN_PURITY
+    if run.fingerprints >= LONG_RUN_FINGERPRINTS:
+        return run.purity >= t.long_run_purity
     return run.purity >= t.min_purity
 
 
