@@ -253,8 +253,8 @@ def test_with_every_shingle_a_run_with_the_holes_of_a_template_is_no_copy() -> N
     from service.config import Settings
 
     exact = thresholds(Settings(), exact=True)  # w = 1: a run's holes are exactly the shingles it lost
-    # "alsa intel dsp config add quirk for apl glk tgl devices based on es8336 codec" answered
-    # with three other words in the slot: 7 and 5 tokens shared around it, 6 of 12 shingles.
+    # An answer's "alsa intel dsp config add quirk for apl glk tgl devices based on es8336 codec"
+    # against a prompt's "... for cml devices ...": 7 and 5 tokens around a 3-token slot, 6 of 12.
     template = replace(pure(0, 15, 100, fingerprints=6), purity=6 / 12)
     assert not is_finding(copies([template], exact, 4, 1), exact)
     assert is_finding(copies([template], T, 4, 5), T)  # winnowed (w = 5), six fingerprints make a long run
