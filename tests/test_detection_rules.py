@@ -185,7 +185,7 @@ async def test_with_every_shingle_a_copy_is_judged_by_its_exact_length(api: Api)
     await post(api, exchange("b", words("heapq"), "zq " + " ".join(source[50:62]) + " qz"))  # 12 tokens
     await post(api, exchange("c", words("csv"), "zq " + " ".join(source[120:131]) + " qz"))  # 11 tokens
     # A template's slot filled with three other words: 7 and 5 tokens around it, 6 of 12 shingles
-    # (below exact_min_run_purity; as long a run at w = 5 would count).
+    # (below exact_long_run_purity; winnowed at w = 5, a run of six would count).
     template = [*source[200:207], "zq", "qz", "zq", *source[210:215]]
     await post(api, exchange("d", words("difflib"), "zz " + " ".join(template) + " zz"))
     assert [(f["recipient_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("b", 12)]
