@@ -34,7 +34,7 @@ from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text, key_id
 from service.fingerprint.tokens import tokenize
 from service.index.base import Index, Kind
-from service.matching.evidence import Match, Thresholds, chains, copies, holes, is_finding, scored_runs
+from service.matching.evidence import Match, Thresholds, chains, copies, every_shingle, holes, is_finding, scored_runs
 
 CAUSES = (
     "scheme",
@@ -144,7 +144,7 @@ async def why_missed(
 ) -> list[Diagnosis]:
     settings = Settings(redis_url=service.redis_url, key_prefix=service.env["BLEEDWATCH_KEY_PREFIX"])
     index = make_index(settings)
-    t = thresholds(settings, exact=params.w == 1)  # as the matcher chooses
+    t = thresholds(settings, exact=every_shingle(params))  # as the matcher chooses
     allowlist = np.unique(
         np.concatenate([fingerprint_text(text, key, replace(params, sample_mod=1)).values for text in public])
     )

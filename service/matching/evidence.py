@@ -41,6 +41,11 @@ class Thresholds:
     long_run_purity: float = LONG_RUN_PURITY
 
 
+def every_shingle(params: Params) -> bool:
+    """Fingerprinted with w = 1: a run has its copy's true length, and ``Thresholds`` of their own judge it."""
+    return params.w == 1
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     """One recipient fingerprint found in a source document."""

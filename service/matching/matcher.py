@@ -29,6 +29,7 @@ from service.matching.evidence import (
     Thresholds,
     copies,
     coverage,
+    every_shingle,
     holes,
     is_finding,
     longest,
@@ -144,7 +145,7 @@ class Matcher:
     ) -> FindingDraft | None:
         assert meta.values is not None
         assert meta.offsets is not None
-        t = self._exact if meta.params.w == 1 else self._t
+        t = self._exact if every_shingle(meta.params) else self._t
         matches: dict[tuple[str, int], list[Match]] = {}  # by ("tenant", ref) or ("canary", id)
         allowed = known.allowed(meta.values)
         canary_pos = known.canaries.find(meta.values)
