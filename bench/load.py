@@ -163,7 +163,7 @@ class Poster:
 
     async def __aexit__(self, *_: object) -> None:
         while not self._pool.empty():
-            _, writer = self._pool.get_nowait()
+            _reader, writer = self._pool.get_nowait()
             writer.close()
 
     def request(self, body: bytes, path: str = "/v1/exchanges") -> bytes:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import redis
@@ -87,7 +88,26 @@ def traffic(
     return out
 
 
-async def index_memory(url: str, fingerprints: int, tenants: int, bucket_bits: int, seed: int) -> dict[str, float]:
+class IndexMemory(TypedDict):
+    """What ``index_memory`` measured: byte counts, per-fingerprint figures and the script's inner commands."""
+
+    docs_bytes: int
+    exchanges: int
+    response_fps: int
+    inserted: int
+    bytes: int
+    per_fp: float
+    per_field: float
+    fields: int
+    keys: int
+    not_listpack: int
+    filters: int
+    inner: dict[str, tuple[float, float]]  # command -> (calls, microseconds) per fingerprint inserted
+    rate: float
+    lua_rate: float
+
+
+async def index_memory(url: str, fingerprints: int, tenants: int, bucket_bits: int, seed: int) -> IndexMemory:
     client = redis.asyncio.Redis.from_url(url)
     await client.flushall()
     await client.config_resetstat()  # our own server: the figures below are the index's alone

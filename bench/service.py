@@ -75,7 +75,7 @@ def redis_nodes(url: str) -> list[redis.Redis]:
     client = redis.Redis.from_url(url)
     if not client.info("cluster").get("cluster_enabled"):
         return [client]
-    nodes = client.execute_command("CLUSTER NODES")
+    nodes = client.execute_command("CLUSTER NODES")  # type: ignore[no-untyped-call]
     client.close()
     masters = [address for address, node in nodes.items() if "master" in node["flags"]]
     return [redis.Redis(host=a.rsplit(":", 1)[0], port=int(a.rsplit(":", 1)[1])) for a in masters]
@@ -89,7 +89,9 @@ def running_service(
         cluster = {"redis_cluster": "true"} if cluster_masters else {}
         with (
             own_redis_server(cluster_masters) as url,
-            running_service(workers, redis_url=url, **cluster, **settings) as running,
+            running_service(
+                workers, own_redis=False, cluster_masters=0, redis_url=url, **cluster, **settings
+            ) as running,
         ):
             yield running
         return

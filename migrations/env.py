@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from service.allowlist import models as _allowlist_models  # noqa: F401  (registers tables)
 from service.audit import models as _audit_models  # noqa: F401
@@ -17,8 +17,10 @@ from service.signals import models as _signal_models  # noqa: F401
 from service.webhooks import models as _webhook_models  # noqa: F401
 
 config = context.config
-url = config.attributes.get("sqlalchemy_url")
-if url is None:
+url: str
+if (configured := config.attributes.get("sqlalchemy_url")) is not None:
+    url = configured
+else:
     from service.config import Settings
 
     url = Settings().sqlalchemy_url(asynchronous=False)
@@ -35,8 +37,8 @@ def run() -> None:
     engine.dispose()
 
 
-def _migrate(connection: object) -> None:
-    is_pg = connection.dialect.name == "postgresql"  # type: ignore[attr-defined]
+def _migrate(connection: Connection) -> None:
+    is_pg = connection.dialect.name == "postgresql"
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,

@@ -207,7 +207,7 @@ def dropped_pairs(seed: int, changelog_words: int, per_stratum: int) -> list[tup
     rng.shuffle(candidates)
     owner: dict[tuple[str, ...], int] = {}
     kept: list[list[str]] = []
-    out = []
+    out: list[tuple[list[str], list[str], int]] = []
     per_phrase: Counter[str] = Counter()
     for words in candidates:
         tokens = tokenize(" ".join(words))

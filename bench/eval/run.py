@@ -99,7 +99,8 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
     true_positive = sum(
         1
         for f in findings
-        if (leak := truth.get(f["recipient_request_id"])) is not None and f["source_tenant"] == leak.source_tenant
+        if (true_leak := truth.get(f["recipient_request_id"])) is not None
+        and f["source_tenant"] == true_leak.source_tenant
     )
     false_positive = len(findings) - true_positive
     clean_fp = sum(1 for f in findings if f["recipient_request_id"] not in truth)
@@ -126,7 +127,8 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
             }
             | {"ranges": [r for src in f["evidence"]["sources"] for r in src["ranges"]]}
             for f in findings
-            if (leak := truth.get(f["recipient_request_id"])) is None or f["source_tenant"] != leak.source_tenant
+            if (true_leak := truth.get(f["recipient_request_id"])) is None
+            or f["source_tenant"] != true_leak.source_tenant
         ],
         "detected": detected,
         "leaks": len(traffic.leaks),
