@@ -166,7 +166,7 @@ class RedisClusterServers:
         for node in self.nodes:
             client = redis.Redis(port=node.port)
             try:
-                while client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                while client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":  # type: ignore[no-untyped-call]
                     if time.monotonic() > deadline:
                         raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
                     time.sleep(0.05)

@@ -61,7 +61,9 @@ class Stack:
 
 
 @asynccontextmanager
-async def sim_stack(settings: Settings, config: EngineConfig, tenants: Sequence[str]) -> AsyncIterator[Stack]:
+async def sim_stack(
+    settings: Settings, config: EngineConfig, tenants: list[str] | tuple[str, ...]
+) -> AsyncIterator[Stack]:
     async with bleedwatch(settings) as (api, transport):
         reporter = Reporter(
             BLEEDWATCH,

@@ -47,7 +47,7 @@ SAFE: dict[str, Any] = INCIDENT | {
 POOL_RULE = "kv_pool_below_context_length"
 
 
-async def put(api: Api, deployment: str, body: dict[str, Any], role: Role = Role.ADMIN) -> Any:
+async def put(api: Api, deployment: str, body: dict[str, Any], role: Role | None = Role.ADMIN) -> Any:
     return await api.client.put(f"/v1/deployments/{deployment}", json=body, headers=api.headers(role))
 
 
@@ -200,6 +200,12 @@ async def test_roles(api: Api) -> None:
     assert forbidden.json()["error"] == "forbidden"
 
 
+def version(text: str) -> tuple[tuple[int, ...], int]:
+    parsed = parse_version(text)
+    assert parsed is not None, text
+    return parsed
+
+
 def test_shipped_rules_and_versions() -> None:
     rules = load_rules()
     assert rules.names == [
@@ -210,8 +216,8 @@ def test_shipped_rules_and_versions() -> None:
         "engine_version_below_isolation_fix",
     ]
     assert all(name in rules.names for name in metrics.DEPLOYMENT_RISK_RULES)
-    assert parse_version("0.5.0rc1") < parse_version("0.5") == parse_version("0.5.0") < parse_version("0.5.1")
-    assert parse_version("v1.10.0") > parse_version("1.9.9") > parse_version("1.9.9.dev1")
+    assert version("0.5.0rc1") < version("0.5") == version("0.5.0") < version("0.5.1")
+    assert version("v1.10.0") > version("1.9.9") > version("1.9.9.dev1")
     assert parse_version("as-deployed") is None
     config = DeploymentConfig.model_validate(SAFE | {"engine": "bleedwatch-sim", "engine_version": "weird"})
     (violation,) = rules.evaluate(config)

@@ -22,8 +22,8 @@ import pytest
 
 from service.auth.keys import Role
 from service.config import Settings
+from service.findings import store as findings_store
 from service.index.base import Index
-from service.ingest import outbox as outbox_module
 from service.ingest.outbox import decode_draft, encode_draft
 from service.matching.matcher import FindingDraft
 from service.sdk.client import BleedwatchClient
@@ -149,8 +149,8 @@ async def _empty(box: Any) -> bool:
 async def test_a_crash_before_the_finding_is_written_is_made_good_by_processing_the_batch_again(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    real_upsert = outbox_module.store.upsert
-    failures = []
+    real_upsert = findings_store.upsert  # what the outbox writes findings with
+    failures: list[int] = []
 
     async def crash_once(*args: Any, **kwargs: Any) -> Any:
         if not failures:
@@ -158,7 +158,7 @@ async def test_a_crash_before_the_finding_is_written_is_made_good_by_processing_
             raise RuntimeError("the replica dies between indexing and writing the finding")
         return await real_upsert(*args, **kwargs)
 
-    monkeypatch.setattr(outbox_module.store, "upsert", crash_once)
+    monkeypatch.setattr(findings_store, "upsert", crash_once)
     if settings.database_url is not None:
         truncate(settings.database_url)
     now = time.time()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def incidents(api: Api, **params: str) -> list[dict[str, object]]:
-    items: list[dict[str, object]] = (await get(api, "/v1/incidents", **params))["items"]
+    items: list[dict[str, object]] = (await get(api, "/v1/incidents", Role.READ, **params))["items"]
     return items
 
 
@@ -127,7 +127,7 @@ async def test_listing_filters_sorting_and_cursor(api: Api) -> None:
             seen, cursor = [], None
             while True:
                 params = {"sort": sort, "order": order, "limit": "2"} | ({"cursor": cursor} if cursor else {})
-                page = await get(api, "/v1/incidents", **params)
+                page = await get(api, "/v1/incidents", Role.READ, **params)
                 seen += [i["id"] for i in page["items"]]
                 cursor = page["next_cursor"]
                 if cursor is None:

@@ -135,7 +135,7 @@ async def test_entries_expire_with_the_window(index: Index, settings: Settings) 
 async def test_docs_round_trip_and_expire(index: Index, settings: Settings) -> None:
     f = fp(words("sqlite3"))
     params = Params(n=5, w=7, sample_after=100, sample_mod=3)
-    context = {"node": "n1", "prompt_tokens": 7}
+    context: dict[str, str | int | float | bool | None] = {"node": "n1", "prompt_tokens": 7}
     meta = DocMeta("acme", "r-1", Kind.RESPONSE, "m", NOW, f.token_count, context, params, f.values, f.offsets)
     prompt = DocMeta("acme", "r-1", Kind.PROMPT, "m", NOW, 12, {}, Params())
     await index.put_docs(NS, {10: meta, 11: prompt}, NOW)

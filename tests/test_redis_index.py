@@ -46,7 +46,7 @@ async def flush_scripts(index: RedisIndex) -> None:
         return
     await client.initialize()
     for node in client.get_primaries():
-        async with redis.asyncio.Redis(host=node.host, port=node.port) as one:
+        async with redis.asyncio.Redis(host=node.host, port=int(node.port)) as one:
             await one.script_flush()
 
 

@@ -23,7 +23,7 @@ def event(kind: str = "kv_transfer_short", node: str = "decode-7", minutes: int 
     return {"kind": kind, "deployment": "pd-eu-1", "node": node, "ts": ts} | extra
 
 
-async def post(api: Api, events: list[dict[str, Any]], role: Role = Role.INGEST) -> Any:
+async def post(api: Api, events: list[dict[str, Any]], role: Role | None = Role.INGEST) -> Any:
     return await api.client.post("/v1/signals", json={"events": events}, headers=api.headers(role))
 
 

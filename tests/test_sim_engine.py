@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from service.sim.corpus import TENANTS, prompt, tenant_words
-from service.sim.engine import Engine, EngineConfig, Mode, Pool, Refused, Served, answer
+from service.sim.engine import Engine, EngineConfig, Mode, Pool, Refused, Served, Signal, answer
 from service.sim.traffic import plan
 
-SMALL_KW = {"context_length": 400, "prefill_pool_tokens": 200, "decode_pool_tokens": 400, "page_size": 16}
-SMALL = EngineConfig(**SMALL_KW)
-FIXED_SMALL = EngineConfig(mode=Mode.FIXED, **SMALL_KW)
+SMALL = EngineConfig(context_length=400, prefill_pool_tokens=200, decode_pool_tokens=400, page_size=16)
+FIXED_SMALL = replace(SMALL, mode=Mode.FIXED)
 
 
 def served(result: Served | Refused) -> Served:
@@ -47,7 +48,7 @@ def test_pool_hands_released_pages_out_again_with_their_contents() -> None:
 
 
 def test_answers_quote_and_paraphrase_their_context() -> None:
-    context = [(f"t{i}", 1) for i in range(200)]
+    context: list[tuple[str | None, int]] = [(f"t{i}", 1) for i in range(200)]
     words, quoted = answer(context, SMALL)
     assert words[:20] == [f"t{i}" for i in range(0, 40, 2)]  # the paraphrase
     assert len(quoted) == 3
@@ -72,7 +73,7 @@ def test_normal_requests_are_answered_from_their_own_prompt() -> None:
 
 
 def test_the_bug_an_over_pool_prompt_is_decoded_from_other_tenants_stale_pages() -> None:
-    signals = []
+    signals: list[Signal] = []
     engine = Engine(SMALL, on_signal=signals.append)
     source = served(engine.serve("acme", prompt("acme", 190)))
     leak = served(engine.serve("globex", prompt("globex", 300)))  # over the 200-token pool
@@ -111,7 +112,7 @@ def test_over_the_context_length_is_refused_in_both_modes(mode: Mode) -> None:
 
 
 def test_nodes_take_turns_and_keep_their_own_pages() -> None:
-    engine = Engine(EngineConfig(**{**SMALL_KW, "nodes": 2}))
+    engine = Engine(replace(SMALL, nodes=2))
     a = served(engine.serve("acme", prompt("acme", 190)))
     b = served(engine.serve("globex", prompt("globex", 190)))
     leak = served(engine.serve("initech", prompt("initech", 300)))  # decode-0 again: acme's pages

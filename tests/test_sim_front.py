@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -25,7 +26,7 @@ from tests.traffic import KEY
 
 pytestmark = pytest.mark.anyio
 
-SMALL = {"context_length": 400, "prefill_pool_tokens": 200, "decode_pool_tokens": 400}
+SMALL = EngineConfig(context_length=400, prefill_pool_tokens=200, decode_pool_tokens=400)
 MODEL = "sim-open-weights-1m"
 ACME = {"Authorization": "Bearer sk-sim-acme"}
 GLOBEX = {"Authorization": "Bearer sk-sim-globex"}
@@ -37,7 +38,7 @@ def chat(text: str, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture
 async def front() -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
-    engine = Engine(EngineConfig(**SMALL))
+    engine = Engine(SMALL)
     app = create_front(engine, sim_keys(["acme", "globex"]))
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://e") as client:
@@ -130,7 +131,7 @@ async def test_errors_are_openai_shaped(front: tuple[Engine, httpx.AsyncClient])
 
 @pytest.mark.parametrize(("mode", "status"), [(Mode.BUGGY, 200), (Mode.FIXED, 400)])
 async def test_an_over_pool_prompt_buggy_200_streamed_fixed_400(mode: Mode, status: int) -> None:
-    engine = Engine(EngineConfig(mode=mode, **SMALL))
+    engine = Engine(replace(SMALL, mode=mode))
     app = create_front(engine, sim_keys(["acme", "globex"]))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine.test") as client:
         assert (
@@ -151,7 +152,7 @@ def down(_: httpx.Request) -> httpx.Response:
 
 
 async def test_the_gateway_passes_answers_through_and_refuses_unknown_keys() -> None:
-    engine = Engine(EngineConfig(**SMALL))
+    engine = Engine(SMALL)
     keys = sim_keys(["acme"])
     front_app = create_front(engine, keys)
     gateway_app = create_gateway(
@@ -194,7 +195,7 @@ def test_the_canary_prober_talks_to_the_engine_and_its_canary_is_caught(tmp_path
     upgrade(settings)
     tokens = asyncio.run(_create_keys(settings))
     keys = sim_keys(["acme", "canary"])
-    engine = Engine(EngineConfig(**SMALL))
+    engine = Engine(SMALL)
     with local_server(create_app(settings)) as bw, local_server(create_front(engine, keys)) as engine_url:
         gateway_app = create_gateway(
             upstream_url=engine_url,
