@@ -3,7 +3,8 @@
 - The queue contract, on every index backend.
 - ``Prefer: respond-async``: the answer comes before processing; the finding follows.
 - A full queue refuses with 503 and Retry-After, and keeps nothing.
-- A batch held by a replica that died is taken over and processed by another.
+- A batch held by a replica that died is taken over and processed by another; one its live worker is
+  still at is not, however long it takes.
 - A batch whose processing keeps failing is moved to the dead letters after MAX_DELIVERIES, and counted;
   put back, it is processed.
 - A batch whose backend blinks during processing is retried by its worker: no failure, no dead letter.
@@ -76,6 +77,25 @@ async def test_the_queue_hands_each_batch_to_one_worker_until_it_is_finished(ind
     assert taken[1] == b"two"
 
 
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_a_batch_held_by_its_worker_is_not_reclaimed_however_long_it_takes(index: Index) -> None:
+    queue = index.queue()
+    item_id = await queue.put(b"slow", max_items=10)
+    assert item_id is not None
+    assert await queue.take("replica-1", block_seconds=0.1) == (item_id, b"slow")
+    await asyncio.sleep(2.0)
+    assert await queue.hold("replica-1", item_id)
+    # Idle for 2 s, but held just now (the margin is for a loaded machine's Redis round trips).
+    assert await queue.reclaim("replica-2", min_idle_seconds=1.0, count=10) == []
+    await asyncio.sleep(1.0)
+    # Silent for longer than that: taken over, with the delivery the hold did not count.
+    assert await queue.reclaim("replica-2", min_idle_seconds=1.0, count=10) == [(item_id, b"slow", 2)]
+    assert not await queue.hold("replica-1", item_id)  # replica-2's now: its first worker cannot take it back
+    assert await queue.hold("replica-2", item_id)
+    await queue.finish(item_id, b"{}")
+    assert not await queue.hold("replica-2", item_id)
+
+
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)
 async def test_an_async_answer_comes_before_processing_and_the_finding_follows(api: Api) -> None:
     batches = traffic(time.time())
@@ -123,6 +143,37 @@ async def test_a_batch_held_by_a_replica_that_died_is_processed_by_another(setti
         await eventually(found)
         assert_the_leak(await findings(api))
         assert await queue.size() == 0
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_a_batch_slower_than_the_reclaim_time_is_processed_once(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    processed = []
+    real = Ingestor.process
+
+    async def slow(self: Ingestor, body: bytes) -> Any:
+        processed.append(body)
+        await asyncio.sleep(3.0)  # three times the reclaim time: a long-context batch on a loaded Redis
+        return await real(self, body)
+
+    monkeypatch.setattr(Ingestor, "process", slow)
+    monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 0.05)
+    async with running_api(settings.model_copy(update={"ingest_reclaim_seconds": 1.0})) as api:
+        resp = await api.client.post(
+            "/v1/exchanges",
+            json={"exchanges": traffic(time.time())["source"] + traffic(time.time())["leak"]},
+            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+        )
+        assert resp.status_code == 202
+        queue = deps(api).index.queue()
+
+        async def done() -> bool:
+            return await queue.size() == 0
+
+        await eventually(done)
+        assert len(processed) == 1
+        assert_the_leak(await findings(api))
 
 
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)

@@ -118,7 +118,8 @@ class Queue(Protocol):
     Durable where the index is (a Redis Stream), so a batch answered 202 is never lost: one
     replica ``take``-s it, and ``finish``-es it with its result once processed; a batch taken by
     a replica that died is ``reclaim``-ed by another after ``min_idle_seconds``, with its count of
-    deliveries, and a batch that keeps failing is ``bury``-ed where an operator can see it.
+    deliveries, and a batch that keeps failing is ``bury``-ed where an operator can see it. A
+    replica still at a batch ``hold``-s it, so a slow batch is not mistaken for an abandoned one.
     Processing twice is harmless (service/ingest/service.py). service/ingest/worker.py drives it.
     """
 
@@ -131,6 +132,11 @@ class Queue(Protocol):
     async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None: ...
 
     async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]: ...
+
+    async def hold(self, consumer: str, item_id: str) -> bool:
+        """``consumer`` is still at ``item_id``: its idle time starts again, and ``reclaim`` leaves it.
+        False once another consumer has reclaimed it (both then process it, which is harmless)."""
+        ...
 
     async def finish(self, item_id: str, result: bytes) -> None: ...
 

@@ -3,7 +3,8 @@
 One consumer group for every replica: ``XREADGROUP >`` hands each batch to one replica, which
 ``finish``-es it (XACK + XDEL, and the result for a caller waiting on it, in one transaction:
 the keys share a hash tag, so this holds on Redis Cluster too). A replica that dies leaves its
-batches in the group's pending list, where ``reclaim`` finds them once idle long enough.
+batches in the group's pending list, where ``reclaim`` finds them once idle long enough; a live
+replica ``hold``-s the batch it is at, so however slow, it does not look idle.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', ARGV[1])
   moved = moved + 1
 end
 return moved
+"""
+
+
+# Only while the consumer still owns the entry: after a reclaim it is another's, and stays so.
+# JUSTID leaves the delivery count alone, which counts failures towards the dead letters.
+_HOLD = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #pending == 0 or pending[1][2] ~= ARGV[2] then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+return 1
 """
 
 
@@ -96,6 +107,10 @@ class RedisQueue:
             metrics.REDIS_ROUND_TRIPS.inc()
             await self._r.xack(self._key, GROUP, *gone)
         return out
+
+    async def hold(self, consumer: str, item_id: str) -> bool:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return bool(await self._r.eval(_HOLD, 1, self._key, GROUP, consumer, item_id))
 
     async def finish(self, item_id: str, result: bytes) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
@@ -177,6 +192,13 @@ class MemoryQueue:
             self._taken[item_id] = (consumer, now, deliveries)
             out.append((item_id, self._items[item_id], deliveries))
         return out
+
+    async def hold(self, consumer: str, item_id: str) -> bool:
+        taken = self._taken.get(item_id)
+        if taken is None or taken[0] != consumer:
+            return False
+        self._taken[item_id] = (consumer, time.monotonic(), taken[2])
+        return True
 
     async def finish(self, item_id: str, result: bytes) -> None:
         self._drop(item_id)

@@ -6,7 +6,8 @@ second of index and match work on one Redis) no longer holds up the small batche
 
 A batch is finished (removed from the queue) only after it is processed. Until then it stays
 in the queue's pending list: while Redis or the database is unreachable its worker retries it;
-if its replica dies, another one reclaims it once it has been idle ``reclaim_seconds``. A batch
+if its replica dies, another one reclaims it once it has been idle ``reclaim_seconds`` (a live
+worker holds its batch, however long it takes). A batch
 whose processing raises anything else is a bug's victim: it is retried on later deliveries and
 after ``MAX_DELIVERIES`` moved to the dead letters (``bleedwatch_ingest_dead_letters_total``),
 never dropped silently. No error ends a worker: one that died would leave its replica taking
@@ -16,6 +17,7 @@ batches with fewer hands and nobody told.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -96,6 +98,30 @@ class IngestWorker:
                 return
 
     async def _handle(self, item_id: str, item: bytes, deliveries: int) -> None:
+        holder = asyncio.create_task(self._hold(item_id), name=f"hold-{item_id}")
+        try:
+            await self._process(item_id, item, deliveries)
+        finally:
+            holder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holder
+
+    async def _hold(self, item_id: str) -> None:
+        """Keep the batch from looking abandoned while this worker is at it.
+
+        A batch can take longer than ``reclaim_seconds`` on a loaded Redis (long-context prompts,
+        an outage being retried). Taken over, it would be processed twice at once, loading Redis
+        more just when it is slow, and each takeover counts as a delivery towards the dead letters.
+        """
+        while True:
+            await asyncio.sleep(self._reclaim_seconds / 3)
+            try:
+                if not await self._queue.hold(self.consumer, item_id):
+                    return  # reclaimed meanwhile: the other worker processes it too, which is harmless
+            except Exception as exc:  # an outage, or redis-py's AttributeError: try again at the next beat
+                log.warning("ingest_hold_failed", extra={"item": item_id, "exc_type": type(exc).__name__})
+
+    async def _process(self, item_id: str, item: bytes, deliveries: int) -> None:
         pause = 0.1
         while True:
             try:
