@@ -26,7 +26,7 @@ import sqlalchemy.exc
 from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
-from service.index.base import Index
+from service.index.base import Index, Queue
 from service.ingest import worker as worker_module
 from service.ingest.service import Ingestor
 from service.ingest.worker import queue_command
@@ -166,7 +166,7 @@ async def test_a_batch_slower_than_the_reclaim_time_is_processed_once(
             headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
         )
         assert resp.status_code == 202
-        queue = deps(api).index.queue()
+        queue: Queue = deps(api).index.queue()
 
         async def done() -> bool:
             return await queue.size() == 0
