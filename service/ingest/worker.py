@@ -9,8 +9,8 @@ in the queue's pending list: while Redis or the database is unreachable its work
 if its replica dies, another one reclaims it once it has been idle ``reclaim_seconds`` (a live
 worker holds its batch, however long it takes). A batch whose processing raises anything else
 is a bug's victim: it is retried on later deliveries and after ``MAX_DELIVERIES`` moved to the
-dead letters (``bleedwatch_ingest_dead_letters_total``), never dropped silently. No error ends a worker: one that died would leave its replica taking
-batches with fewer hands and nobody told.
+dead letters (``bleedwatch_ingest_dead_letters_total``), never dropped silently. No error ends
+a worker: one that died would leave its replica taking batches with fewer hands and nobody told.
 """
 
 from __future__ import annotations
