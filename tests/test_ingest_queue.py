@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import redis.exceptions
@@ -145,6 +146,15 @@ async def test_a_batch_held_by_a_replica_that_died_is_processed_by_another(setti
         assert await queue.size() == 0
 
 
+async def queue_the_leak(api: Api) -> httpx.Response:
+    """The source and the leak in one batch, answered once queued."""
+    return await api.client.post(
+        "/v1/exchanges",
+        json={"exchanges": traffic(time.time())["source"] + traffic(time.time())["leak"]},
+        headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+    )
+
+
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)
 async def test_a_batch_slower_than_the_reclaim_time_is_processed_once(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
@@ -160,11 +170,7 @@ async def test_a_batch_slower_than_the_reclaim_time_is_processed_once(
     monkeypatch.setattr(Ingestor, "process", slow)
     monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 0.05)
     async with running_api(settings.model_copy(update={"ingest_reclaim_seconds": 1.0})) as api:
-        resp = await api.client.post(
-            "/v1/exchanges",
-            json={"exchanges": traffic(time.time())["source"] + traffic(time.time())["leak"]},
-            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
-        )
+        resp = await queue_the_leak(api)
         assert resp.status_code == 202
         queue: Queue = deps(api).index.queue()
 
@@ -189,11 +195,7 @@ async def test_a_batch_that_keeps_failing_goes_to_the_dead_letters_and_back_once
     dead_before = metrics.INGEST_DEAD_LETTERS._value.get()
     failures_before = metrics.INGEST_FAILURES._value.get()
     async with running_api(settings.model_copy(update={"ingest_reclaim_seconds": 0.05})) as api:
-        resp = await api.client.post(
-            "/v1/exchanges",
-            json={"exchanges": traffic(time.time())["source"] + traffic(time.time())["leak"]},
-            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
-        )
+        resp = await queue_the_leak(api)
         assert resp.status_code == 202
         queue = deps(api).index.queue()
 
