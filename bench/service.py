@@ -10,6 +10,7 @@ shared Redis are doing, and ``INFO`` figures are the service's alone.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,8 @@ def running_service(
         | {f"BLEEDWATCH_{k.upper()}": v for k, v in settings.items()}
     )
     server = None
+    # `kill` (SIGTERM) unwinds like Ctrl-C, so a stopped run removes its keys and schema too.
+    stopped = signal.signal(signal.SIGTERM, _exit)
     try:
         subprocess.run([BLEEDWATCH, "migrate"], env=env, check=True, capture_output=True)
         port = free_port()
@@ -139,3 +142,8 @@ def running_service(
             node.close()
         admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
         admin.close()
+        signal.signal(signal.SIGTERM, stopped)
+
+
+def _exit(signum: int, _: object) -> None:
+    raise SystemExit(128 + signum)
