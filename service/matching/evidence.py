@@ -141,7 +141,8 @@ def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[l
       answer's own words between them;
     - a phrase the source repeats: the index knows it at its first occurrence, so its run points
       back before anything the chain took of the document, and touches the chain's last run in
-      the response (within a copy the next fingerprint is at most w tokens after the last).
+      the response (within a copy the next fingerprint is at most w tokens after the last). A
+      copy may also begin with such a phrase: then the run after it goes on past all the chain took.
 
     A template filled differently on both sides ("fix X for Y" / "fix Z for Y") is none of them:
     its slot is in the source too, so the source ranges do not abut, or the response's slot is
@@ -157,32 +158,51 @@ def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[l
     edge = min(n + w, 3 * w + n - 4)
     spots = Counter((r.source_doc, r.source_start, r.source_end) for r in found)
     repeated = {id(r) for r in found if spots[(r.source_doc, r.source_start, r.source_end)] > 1}
-    out: list[list[Run]] = []
+    # Two copies end at each run: the best one (most tokens) and the one that starts there. A
+    # stray run before a copy may make the best one longer and still be wrong for it: taking its
+    # source stretch, it stops the copy's repeated phrases from joining (``_back``). A copy
+    # ending more than GAP_TOKENS before a run's start is closed: nothing later joins it.
+    open_: list[tuple[list[Run], int]] = []
+    closed: list[tuple[list[Run], int]] = []
+    within: set[int] = set()  # copies that a longer one holds
     for run in sorted(found, key=lambda r: (r.start, -r.end)):
-        if id(run) in repeated:
-            out.append([run])
-            continue
-        best: list[Run] | None = None
-        for chain in out:
-            last = chain[-1]
-            if id(last) in repeated:
-                continue
-            if run.end <= last.end:
-                continue  # inside a run already taken: a repeated shingle
-            gap = run.start - last.end
-            if run.source_doc == last.source_doc:
-                source_gap = run.source_start - last.source_end
-                joins = 0 <= source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS
-                joins = joins or (-n < gap <= w - n and _back(chain, run))
-            else:
-                joins = -n < gap <= edge and _forward(chain, run, n) and not _between(gaps, last, run, n)
-            if joins and (best is None or _tokens(chain) > _tokens(best)):
-                best = chain
-        if best is None:
-            out.append([run])
-        else:
-            best.append(run)
-    return out
+        closed += [c for c in open_ if c[0][-1].end < run.start - GAP_TOKENS]
+        open_ = [c for c in open_ if c[0][-1].end >= run.start - GAP_TOKENS]
+        alone: tuple[list[Run], int] = ([run], run.tokens)
+        best: tuple[list[Run], int] | None = None
+        before: list[Run] = []
+        if id(run) not in repeated:
+            for chain, covered in open_:
+                last = chain[-1]
+                if id(last) in repeated or run.end <= last.end:
+                    continue  # a repeated phrase, or inside a run already taken
+                tokens = covered + run.end - max(run.start, last.end)
+                if (best is None or tokens > best[1]) and _joins(chain, run, n, w, edge, gaps):
+                    best, before = ([*chain, run], tokens), chain
+        if best is not None:
+            within.update((id(before), id(alone[0])))
+            open_.append(best)
+        open_.append(alone)
+    return [c for c, _ in closed + open_ if id(c) not in within]
+
+
+def _joins(chain: list[Run], run: Run, n: int, w: int, edge: int, gaps: Sequence[int]) -> bool:
+    """Does ``run`` continue the copy ``chain`` is, in one of the three ways ``chains`` lists?"""
+    last = chain[-1]
+    gap = run.start - last.end
+    if run.source_doc != last.source_doc:
+        return -n < gap <= edge and _forward(chain, run, n) and not _between(gaps, last, run, n)
+    source_gap = run.source_start - last.source_end
+    if 0 <= source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS:
+        return True
+    # Touching in the response: a phrase the source repeats, known at its first occurrence, at
+    # the start of the copy or inside it.
+    return -n < gap <= w - n and (_back(chain, run) or _ahead(chain, run))
+
+
+def _ahead(chain: list[Run], run: Run) -> bool:
+    """``run`` starts after everything ``chain`` took of its source document."""
+    return run.source_start >= max(r.source_end for r in chain if r.source_doc == run.source_doc)
 
 
 def _forward(chain: list[Run], run: Run, n: int) -> bool:
@@ -266,7 +286,7 @@ def with_purity(
     ``doc_matches`` (the run's source document's matches, by response offset) adds those that
     matched the document *before* their place on the run's diagonal: the index keeps a
     fingerprint's first offset in a document, so a phrase the source repeats points back to its
-    first occurrence, and is still part of the copy.
+    first occurrence, and is still part of the copy: the run's ``fingerprints`` count it too.
     """
     lo = int(np.searchsorted(offsets, run.start, "left"))
     hi = int(np.searchsorted(offsets, run.end - n, "right"))
@@ -284,7 +304,7 @@ def with_purity(
             if m.source_offset <= m.response_offset + diagonal + SHIFT_TOLERANCE:
                 inside.add(m.response_offset)
         matched = max(matched, len(inside))
-    return replace(run, purity=matched / max(int(possible.sum()), matched))
+    return replace(run, fingerprints=matched, purity=matched / max(int(possible.sum()), matched))
 
 
 def pure_runs(
