@@ -170,40 +170,33 @@ async def test_list_changes_are_audited(api: Api) -> None:
         assert action in actions
 
 
+def every_shingle(tenant: str, prompt: str, response: str) -> dict[str, Any]:
+    """An exchange fingerprinted with w = 1, request id ``<tenant>1``."""
+    return fingerprint_exchange(
+        prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=time.time(), params=Params(w=1)
+    )
+
+
 async def test_with_every_shingle_a_copy_is_judged_by_its_exact_length(api: Api) -> None:
     # w = 1: a run is as long as the copy, so the bar is 12 tokens (exact_min_run_tokens), not 10.
-    every = Params(w=1)
-    now = time.time()
     source = tokenize(words("argparse", 0, 300))
 
-    def exchange(tenant: str, prompt: str, response: str) -> dict[str, Any]:
-        return fingerprint_exchange(
-            prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=now, params=every
-        )
-
-    await post(api, exchange("a", " ".join(source), words("json", 0, 30)))
-    await post(api, exchange("b", words("heapq"), "zq " + " ".join(source[50:62]) + " qz"))  # 12 tokens
-    await post(api, exchange("c", words("csv"), "zq " + " ".join(source[120:131]) + " qz"))  # 11 tokens
+    await post(api, every_shingle("a", " ".join(source), words("json", 0, 30)))
+    await post(api, every_shingle("b", words("heapq"), "zq " + " ".join(source[50:62]) + " qz"))  # 12 tokens
+    await post(api, every_shingle("c", words("csv"), "zq " + " ".join(source[120:131]) + " qz"))  # 11 tokens
     # A template's slot filled with three other words: 7 and 5 tokens around it, 6 of 12 shingles
     # (below exact_long_run_purity; winnowed at w = 5, a run of six would count).
     template = [*source[200:207], "zq", "qz", "zq", *source[210:215]]
-    await post(api, exchange("d", words("difflib"), "zz " + " ".join(template) + " zz"))
+    await post(api, every_shingle("d", words("difflib"), "zz " + " ".join(template) + " zz"))
     assert [(f["recipient_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("b", 12)]
 
 
 async def test_with_every_shingle_a_copy_may_begin_with_a_phrase_its_source_said_before(api: Api) -> None:
     # The index knows a phrase at its first place in a prompt: a copy of the phrase's second
     # place is a run pointing there, then one pointing at the second place (11 tokens alone).
-    every = Params(w=1)
-    now = time.time()
     phrase, after = words("difflib", 0, 5), words("csv", 0, 8)
     prompt = " ".join([words("argparse", 0, 100), phrase, words("argparse", 100, 200), phrase, after])
 
-    def exchange(tenant: str, prompt: str, response: str) -> dict[str, Any]:
-        return fingerprint_exchange(
-            prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=now, params=every
-        )
-
-    await post(api, exchange("a", prompt, words("json", 0, 30)))
-    await post(api, exchange("b", words("heapq"), f"zq {phrase} {after} qz"))  # 4 + 8 tokens
+    await post(api, every_shingle("a", prompt, words("json", 0, 30)))
+    await post(api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz"))  # 4 + 8 tokens
     assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 12)]

@@ -290,10 +290,7 @@ def test_a_long_run_may_have_the_holes_of_a_few_substituted_words() -> None:
 
 
 def test_with_every_shingle_a_run_with_the_holes_of_a_template_is_no_copy() -> None:
-    from service.app import thresholds
-    from service.config import Settings
-
-    exact = thresholds(Settings(), exact=True)  # w = 1: a run's holes are exactly the shingles it lost
+    exact = exact_thresholds()  # w = 1: a run's holes are exactly the shingles it lost
     # An answer's "alsa intel dsp config add quirk for apl glk tgl devices based on es8336 codec"
     # against a prompt's "... for cml devices ...": 7 and 5 tokens around a 3-token slot, 6 of 12.
     template = replace(pure(0, 15, 100, fingerprints=6), purity=6 / 12)
