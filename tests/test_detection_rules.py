@@ -200,3 +200,38 @@ async def test_with_every_shingle_a_copy_may_begin_with_a_phrase_its_source_said
     await post(api, every_shingle("a", prompt, words("json", 0, 30)))
     await post(api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz"))  # 4 + 8 tokens
     assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 12)]
+
+
+async def common(api: Api, text: str) -> None:
+    """Makes ``text`` boilerplate: three tenants (``common_tenants``) send it, between words of their own."""
+    for i in range(3):
+        await post(api, every_shingle(f"t{i}", f"{words('unittest', 300 + 10 * i, 310 + 10 * i)} zz {text} zz", "ok"))
+
+
+async def test_with_every_shingle_common_text_at_the_seam_of_a_repeated_phrase_does_not_part_the_copy(
+    api: Api,
+) -> None:
+    # As above, with a 5-token phrase, and the shingle across its seam with the rest of the copy
+    # ("helpers for computing csv") common: the rest starts a token past touching the phrase.
+    phrase, after = words("difflib", 0, 6), words("csv", 0, 8)
+    prompt = " ".join([words("argparse", 0, 100), phrase, words("argparse", 100, 200), phrase, after])
+    await common(api, " ".join([*tokenize(phrase)[2:], tokenize(after)[0]]))
+
+    await post(api, every_shingle("a", prompt, words("json", 0, 30)))
+    await post(
+        api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz")
+    )  # 5 + 8 tokens, 10 without the phrase
+    assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 13)]
+
+
+async def test_with_every_shingle_an_interleaved_fragment_of_common_text_does_not_part_the_copy(api: Api) -> None:
+    # 16 tokens of the prompt cut into 6 + 4 + 6 with other words between; the middle fragment's
+    # one shingle is common text, so the outer two are 4 source tokens apart.
+    span = tokenize(words("argparse", 0, 300))[50:66]
+    first, middle, last = " ".join(span[:6]), " ".join(span[6:10]), " ".join(span[10:])
+    await common(api, middle)
+
+    await post(api, every_shingle("a", words("argparse", 0, 300), words("json", 0, 30)))
+    response = f"zq {first} {words('heapq', 0, 9)} {middle} {words('csv', 0, 9)} {last} qz"
+    await post(api, every_shingle("b", words("difflib"), response))
+    assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 12)]

@@ -237,6 +237,32 @@ def test_a_substituted_word_next_to_a_phrase_the_source_repeats_is_one_long_run(
     assert longest(copies(found, t, 4, 1)) == 13
 
 
+def test_common_text_between_the_pieces_of_a_copy_does_not_part_them() -> None:
+    # w = 1. A phrase the source said before (first run, at 100), then the copy going on where it
+    # said it again (300): the shingle at 15, across the seam, is common text, so the second run
+    # starts 1 token later than touching. 14 tokens together, 10 without the first run.
+    t = exact_thresholds()
+    repeated = [Run(10, 18, 1, 100, 108, 5), Run(16, 24, 1, 306, 314, 5)]
+    assert [len(c) for c in chains(repeated, 4, 1)] == [1, 1]
+    assert [len(c) for c in chains(repeated, 4, 1, blind=[15])] == [2]
+    assert longest(copies(repeated, t, 4, 1, blind=[15])) == 14
+    # Only the unseen between the runs: a hole there, or common text elsewhere, does not join them.
+    assert [len(c) for c in chains(repeated, 4, 1, blind=[5, 30])] == [1, 1]
+    # Nor runs that leave some of the answer's words outside both.
+    apart = [Run(10, 18, 1, 100, 108, 5), Run(20, 28, 1, 306, 314, 5)]
+    assert [len(c) for c in chains(apart, 4, 1, blind=[15, 16, 17, 18, 19])] == [1, 1]
+    # An interleaved fragment whose one shingle is common: its neighbours are 4 source tokens
+    # apart, one more than a fragment without a shingle (n - 1) leaves out.
+    fragments = [pure(0, 6, 100), pure(26, 32, 110)]
+    assert [len(c) for c in chains(fragments, 4, 1)] == [1, 1]
+    assert [len(c) for c in chains(fragments, 4, 1, blind=[14])] == [2]
+    # A fragment of 5 has two shingles, one after the other; two common ones apart are no fragment.
+    longer = [pure(0, 6, 100), pure(26, 32, 111)]
+    assert [len(c) for c in chains(longer, 4, 1, blind=[14])] == [1, 1]
+    assert [len(c) for c in chains(longer, 4, 1, blind=[14, 15])] == [2]
+    assert [len(c) for c in chains(longer, 4, 1, blind=[10, 20])] == [1, 1]
+
+
 def every_third(tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     offsets = np.arange(0, tokens, 3, dtype=np.uint32)
     return offsets.astype(np.uint64), offsets, np.ones(len(offsets), dtype=bool)

@@ -127,9 +127,10 @@ async def _diagnose(
     )
     detail = f"region {a}-{b} removed {dict(removed)} runs {detail}"
     gaps = holes(values, response.offsets, counted, matches, sources)
-    if is_finding(copies(found_runs, t, n, params.w, gaps), t):
+    blind = response.offsets[~counted].tolist()
+    if is_finding(copies(found_runs, t, n, params.w, gaps, blind), t):
         return done("found now", detail)
-    if is_finding(chains(found_runs, n, params.w, gaps), t):
+    if is_finding(chains(found_runs, n, params.w, gaps, blind), t):
         return done("purity", detail)
     inside = [r for r in found_runs if r.end > a and r.start < b]
     if is_finding([inside], t):

@@ -119,7 +119,7 @@ def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> 
     return sorted(out, key=lambda r: (r.start, r.source_doc))
 
 
-def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[list[Run]]:
+def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = (), blind: Sequence[int] = ()) -> list[list[Run]]:
     """Runs of one source tenant that together copy one stretch of its text.
 
     Three cases make one copy look like several runs:
@@ -143,6 +143,12 @@ def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[l
       back before anything the chain took of the document, and touches the chain's last run in
       the response (within a copy the next fingerprint is at most w tokens after the last). A
       copy may also begin with such a phrase: then the run after it goes on past all the chain took.
+
+    Common text may have taken fingerprints between two pieces of a copy (``blind``: sorted
+    response offsets of fingerprints that could not count, being common, allowlisted or
+    self-echo). Each one of a row of them between the pieces may hide w tokens of the copy: a
+    repeated phrase touches the run before it across them, as long as no token of the answer lies
+    outside both, and a fragment left out between two others may be that much longer.
 
     A template filled differently on both sides ("fix X for Y" / "fix Z for Y") is none of them:
     its slot is in the source too, so the source ranges do not abut, or the response's slot is
@@ -177,7 +183,7 @@ def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[l
                 if id(last) in repeated or run.end <= last.end:
                     continue  # a repeated phrase, or inside a run already taken
                 tokens = covered + run.end - max(run.start, last.end)
-                if (best is None or tokens > best[1]) and _joins(chain, run, n, w, edge, gaps):
+                if (best is None or tokens > best[1]) and _joins(chain, run, n, w, edge, gaps, blind):
                     best, before = ([*chain, run], tokens), chain
         if best is not None:
             within.update((id(before), id(alone[0])))
@@ -186,18 +192,34 @@ def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = ()) -> list[l
     return [c for c, _ in closed + open_ if id(c) not in within]
 
 
-def _joins(chain: list[Run], run: Run, n: int, w: int, edge: int, gaps: Sequence[int]) -> bool:
+def _joins(chain: list[Run], run: Run, n: int, w: int, edge: int, gaps: Sequence[int], blind: Sequence[int]) -> bool:
     """Does ``run`` continue the copy ``chain`` is, in one of the three ways ``chains`` lists?"""
     last = chain[-1]
     gap = run.start - last.end
     if run.source_doc != last.source_doc:
         return -n < gap <= edge and _forward(chain, run, n) and not _between(gaps, last, run, n)
+    hidden = w * _streak(blind, last.end - n, run.start, w)  # tokens common text may hide
     source_gap = run.source_start - last.source_end
-    if 0 <= source_gap <= edge and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS:
+    if 0 <= source_gap <= edge + hidden and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS:
         return True
     # Touching in the response: a phrase the source repeats, known at its first occurrence, at
     # the start of the copy or inside it.
-    return -n < gap <= w - n and (_back(chain, run) or _ahead(chain, run))
+    touching = -n < gap <= w - n or -n < gap <= min(0, w - n + hidden)
+    return touching and (_back(chain, run) or _ahead(chain, run))
+
+
+def _streak(blind: Sequence[int], lo: int, hi: int, w: int) -> int:
+    """The most ``blind`` fingerprints strictly between ``lo`` and ``hi`` in a row (at most w apart).
+
+    A piece of the copy that common text hid is one stretch of the answer, its fingerprints one
+    after another; blind ones scattered over the text between two pieces hide no piece.
+    """
+    best = count = 0
+    prev = lo
+    for at in blind[bisect.bisect_right(blind, lo) : bisect.bisect_left(blind, hi)]:
+        count = count + 1 if at - prev <= w else 1
+        best, prev = max(best, count), at
+    return best
 
 
 def _ahead(chain: list[Run], run: Run) -> bool:
@@ -393,12 +415,15 @@ def _no_holes(run: Run, t: Thresholds) -> bool:
     return run.purity >= t.min_purity
 
 
-def copies(found: list[Run], t: Thresholds, n: int, w: int, gaps: Sequence[int] = ()) -> list[list[Run]]:
+def copies(
+    found: list[Run], t: Thresholds, n: int, w: int, gaps: Sequence[int] = (), blind: Sequence[int] = ()
+) -> list[list[Run]]:
     """The chains of runs without holes: what may be a copy, for ``is_finding`` and ``longest``.
 
-    ``gaps``: the source tenant's ``holes``, which documents of a chain must not have between them.
+    ``gaps``: the source tenant's ``holes``, which documents of a chain must not have between them;
+    ``blind``: the response offsets of fingerprints that could not count (``chains``).
     """
-    return chains([r for r in found if _no_holes(r, t)], n, w, gaps)
+    return chains([r for r in found if _no_holes(r, t)], n, w, gaps, blind)
 
 
 def longest(copied: list[list[Run]]) -> int:

@@ -171,13 +171,14 @@ class Matcher:
         if not matches:
             return None
         sources = await self._sources(ns, matches, known, now)
+        blind = meta.offsets[~counted].tolist()  # common, allowlisted, self-echo: unseen by every source
         summaries = []
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
             params = {doc: s.params for doc, s in sources.items()}
             found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, t)
             gaps = holes(meta.values, meta.offsets, counted, kept, params)
-            copied = copies(found_runs, t, meta.params.n, meta.params.w, gaps)
+            copied = copies(found_runs, t, meta.params.n, meta.params.w, gaps, blind)
             if kept and is_finding(copied, t):
                 summaries.append(_summarise(kept, found_runs, longest(copied), sources, meta.token_count))
         if not summaries:
