@@ -218,9 +218,8 @@ async def test_with_every_shingle_common_text_at_the_seam_of_a_repeated_phrase_d
     await common(api, " ".join([*tokenize(phrase)[2:], tokenize(after)[0]]))
 
     await post(api, every_shingle("a", prompt, words("json", 0, 30)))
-    await post(
-        api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz")
-    )  # 5 + 8 tokens, 10 without the phrase
+    # 5 + 8 tokens, 10 without the phrase
+    await post(api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz"))
     assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 13)]
 
 
