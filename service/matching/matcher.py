@@ -172,10 +172,10 @@ class Matcher:
             return None
         sources = await self._sources(ns, matches, known, now)
         blind = meta.offsets[~counted].tolist()  # common, allowlisted, self-echo: unseen by every source
+        params = {doc: s.params for doc, s in sources.items()}
         summaries = []
         for ms in matches.values():
             kept = [m for m in ms if m.source_doc in sources]
-            params = {doc: s.params for doc, s in sources.items()}
             found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, t)
             gaps = holes(meta.values, meta.offsets, counted, kept, params)
             copied = copies(found_runs, t, meta.params.n, meta.params.w, gaps, blind)
