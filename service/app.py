@@ -44,7 +44,7 @@ from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker
 from service.json_only import JsonOnly
 from service.logging import RequestContext
-from service.matching.evidence import LONG_RUN_PURITY, Thresholds
+from service.matching.evidence import Thresholds
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
 from service.migrate import upgrade
@@ -85,16 +85,13 @@ def make_index(settings: Settings) -> Index:
     )
 
 
-def thresholds(settings: Settings, *, exact: bool = False) -> Thresholds:
-    """The finding rule's thresholds; ``exact`` for responses fingerprinted with w = 1 (docs/detection.md)."""
+def thresholds(settings: Settings) -> Thresholds:
+    """The finding rule's thresholds (docs/detection.md)."""
     return Thresholds(
         min_matched=settings.min_matched_fingerprints,
-        min_run_tokens=settings.exact_min_run_tokens if exact else settings.min_run_tokens,
-        min_purity=settings.min_run_purity,
+        min_score=settings.min_copy_score,
         high_run_tokens=settings.high_run_tokens,
         critical_run_tokens=settings.critical_run_tokens,
-        chain_run_fingerprints=settings.exact_chain_run_fingerprints if exact else settings.chain_run_fingerprints,
-        long_run_purity=settings.exact_long_run_purity if exact else LONG_RUN_PURITY,
     )
 
 
@@ -135,7 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limiter = make_limiter(settings)
         # Findings held while the database was down, written by every replica when it is back.
         writer = FindingsWriter(sessions, index.outbox())
-        matcher = Matcher(index, known, thresholds(settings), thresholds(settings, exact=True))
+        matcher = Matcher(index, known, thresholds(settings))
         ingestor = Ingestor(index, matcher, sessions, limits, writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
         app.state.deps = AppDeps(

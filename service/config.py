@@ -31,14 +31,8 @@ class Settings(BaseSettings):
     common_prompt_tenants: int = Field(3, ge=2, le=64)
     common_tenants: int = Field(8, ge=2, le=64)
     min_matched_fingerprints: int = Field(2, ge=1)
-    min_run_tokens: int = Field(10, ge=1)
-    min_run_purity: float = Field(0.7, ge=0, le=1)
-    chain_run_fingerprints: int = Field(1, ge=1)  # a chain of runs needs one with this many fingerprints
-    # For responses fingerprinted with every shingle (w = 1), whose runs are exact: instead of
-    # min_run_tokens, chain_run_fingerprints, and the 0.5 purity of a run of 6 or more fingerprints.
-    exact_min_run_tokens: int = Field(12, ge=1)
-    exact_chain_run_fingerprints: int = Field(3, ge=1)
-    exact_long_run_purity: float = Field(0.55, ge=0, le=1)
+    # A copy's copied tokens beyond n - 1 per piece (docs/detection.md, "The finding rule").
+    min_copy_score: int = Field(9, ge=1)
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)
     lists_refresh_seconds: float = Field(10.0, ge=0)

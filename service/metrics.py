@@ -109,6 +109,11 @@ INGEST_DEAD_LETTERS = Counter("bleedwatch_ingest_dead_letters_total", "Batches m
 MATCH_DURATION = Histogram(
     "bleedwatch_match_duration_seconds", "Time to index and cross-match one batch.", buckets=LATENCY_BUCKETS
 )
+# Pieces whose search for a copy to continue stopped at the budget (service/matching/evidence.py):
+# a response matching another tenant's text nearly everywhere, by accident or on purpose.
+MATCH_BUDGET_CUT = Counter(
+    "bleedwatch_match_budget_cut_total", "Copy searches cut short by the per-response matching budget."
+)
 # Age of each new exchange when ingested (now minus its timestamp): how late detection can be at best.
 INGEST_LAG = Histogram("bleedwatch_exchange_ingest_lag_seconds", "Age of exchanges when ingested.", buckets=LAG_BUCKETS)
 # Prompt length of every new exchange (gateway's prompt_tokens, else the fingerprinted token count).

@@ -21,7 +21,7 @@ import random
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,10 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.eval import offline
 from bench.eval.corpus import private_passages, public_texts, templates
-from bench.eval.diagnose import table, why_missed
-from bench.eval.traffic import PERTURBATIONS, SPANS, Traffic, generate, wire
+from bench.eval.offline import SECONDS_PER_EXCHANGE
+from bench.eval.traffic import PERTURBATIONS, SOURCES, SPANS, Traffic, generate, wire
 from bench.service import Running, running_service
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params
 from service.fingerprint.tokens import tokenize
@@ -43,6 +44,7 @@ from service.sdk.exchange import fingerprint_exchange
 async def replay(service: Running, traffic: Traffic, key: bytes, batch: int, params: Params) -> float:
     token = service.key("ingest")
     start = time.perf_counter()
+    clock = time.time() - SECONDS_PER_EXCHANGE * (len(traffic.order) + 100)
     async with BleedwatchClient(
         service.url, token, batch_size=batch, flush_seconds=3600, wait_for_processing=True
     ) as client:
@@ -56,7 +58,7 @@ async def replay(service: Running, traffic: Traffic, key: bytes, batch: int, par
                     tenant=w["tenant"],
                     request_id=w["request_id"],
                     model="eval-model",
-                    ts=time.time(),
+                    ts=clock + ex.ts * SECONDS_PER_EXCHANGE,
                     params=params,
                 )
             )
@@ -83,16 +85,20 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
     truth = {leak.recipient_request: leak for leak in traffic.leaks}
     by_recipient = {f["recipient_request_id"]: f for f in findings}
     cells: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
+    kinds: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     right_source = exact_request = detected = 0
     for leak in traffic.leaks:
         f = by_recipient.get(leak.recipient_request)
         cell = cells[(leak.span, leak.perturbation)]
         cell[1] += 1
+        kind = kinds[leak.source_kind]
+        kind[1] += 1
         if f is not None:
             detected += 1
             if f["source_tenant"] == leak.source_tenant:
                 right_source += 1
                 cell[0] += 1
+                kind[0] += 1
                 # The index names the first request of the source tenant that held the text;
                 # tenants here re-send their documents, so an earlier request is often named.
                 exact_request += leak.source_request in f["source_request_ids"]
@@ -102,14 +108,27 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
         if (true_leak := truth.get(f["recipient_request_id"])) is not None
         and f["source_tenant"] == true_leak.source_tenant
     )
-    false_positive = len(findings) - true_positive
+    false = [
+        f
+        for f in findings
+        if (true_leak := truth.get(f["recipient_request_id"])) is None or f["source_tenant"] != true_leak.source_tenant
+    ]
     clean_fp = sum(1 for f in findings if f["recipient_request_id"] not in truth)
+
+    def recall(spans: tuple[int, ...]) -> float:
+        hit = sum(cells[(s, k)][0] for s in spans for k in PERTURBATIONS)
+        return hit / max(1, sum(cells[(s, k)][1] for s in spans for k in PERTURBATIONS))
+
     return {
         "cells": {f"{span}/{kind}": cells[(span, kind)] for span in SPANS for kind in PERTURBATIONS},
+        "by_source": {k: kinds[k] for k in SOURCES},
+        "recall_16": recall((16,)),
+        "recall_24_up": recall(tuple(s for s in SPANS if s >= 24)),
         "findings": len(findings),
         "precision": true_positive / len(findings) if findings else 1.0,
-        "false_positives": false_positive,
+        "false_positives": len(false),
         "false_positives_per_10k_clean": 10_000 * clean_fp / traffic.clean,
+        "false_by_severity": dict(Counter(f["severity"] for f in false)),
         "right_source": right_source / detected if detected else 1.0,
         "exact_source_request": exact_request / right_source if right_source else 1.0,
         "false_findings": [
@@ -126,14 +145,12 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
                 )
             }
             | {"ranges": [r for src in f["evidence"]["sources"] for r in src["ranges"]]}
-            for f in findings
-            if (true_leak := truth.get(f["recipient_request_id"])) is None
-            or f["source_tenant"] != true_leak.source_tenant
+            for f in false
         ],
         "detected": detected,
         "leaks": len(traffic.leaks),
         "missed": [
-            f"{leak.span}/{leak.perturbation} {leak.source_request} -> {leak.recipient_request}"
+            f"{leak.span}/{leak.perturbation}/{leak.source_kind} {leak.source_request} -> {leak.recipient_request}"
             for leak in traffic.leaks
             if (f := by_recipient.get(leak.recipient_request)) is None or f["source_tenant"] != leak.source_tenant
         ],
@@ -143,7 +160,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
 def report(result: dict[str, Any], args: argparse.Namespace, elapsed: float, exchanges: int) -> str:
     lines = [
         f"exchanges {exchanges} ({args.clean} clean, {result['leaks']} with a leak) from {args.tenants} tenants, "
-        f"replayed in {elapsed:.0f} s; n={args.n} w={args.w}, "
+        f"replayed in {elapsed:.0f} s; n={args.n} w={args.w} response_w={args.response_w}, "
         f"sampling 1/{DEFAULT_PARAMS.sample_mod} after {DEFAULT_PARAMS.sample_after} tokens",
         "",
         "recall by leaked span (words) and perturbation:",
@@ -154,9 +171,13 @@ def report(result: dict[str, Any], args: argparse.Namespace, elapsed: float, exc
         row = [result["cells"][f"{span}/{k}"] for k in PERTURBATIONS]
         hit, total = sum(c[0] for c in row), sum(c[1] for c in row)
         lines.append(f"| {span} | " + " | ".join(f"{c[0] / c[1]:.2f}" for c in row) + f" | {hit / total:.3f} |")
+    by_source = result["by_source"]
     lines += [
         "",
-        f"precision {result['precision']:.4f} ({result['findings']} findings, {result['false_positives']} false)",
+        f"recall: 24 words and up {result['recall_24_up']:.3f}, 16 words {result['recall_16']:.3f}; "
+        + ", ".join(f"{k}-sourced {hit}/{total}" for k, (hit, total) in by_source.items()),
+        f"precision {result['precision']:.4f} ({result['findings']} findings, {result['false_positives']} false: "
+        f"{result['false_by_severity']})",
         f"false positives per 10,000 clean exchanges: {result['false_positives_per_10k_clean']:.2f}",
         f"right source tenant on {result['right_source']:.4f} of {result['detected']} detected leaks "
         f"(and the very request that leaked among source_request_ids on {result['exact_source_request']:.2f})",
@@ -189,13 +210,14 @@ def main() -> None:
     p.add_argument("--clean", type=int, default=10_000)
     p.add_argument("--leaks-per-cell", type=int, default=20)
     p.add_argument("--long-share", type=float, default=0.01)
+    p.add_argument("--response-share", type=float, default=0.15, help="share of leaks of a source's answer")
     p.add_argument("--changelog-words", type=int, default=3_000_000)
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", type=Path, help="also write the result here")
     p.add_argument("--explain", type=int, default=0, help="print the text behind this many false findings")
     p.add_argument(
-        "--why-missed", action="store_true", help="replay the matcher's steps for each missed leak and count causes"
+        "--offline", action="store_true", help="in process on the embedded index (for tuning; report full runs)"
     )
     p.add_argument(
         "--near-copies",
@@ -203,7 +225,10 @@ def main() -> None:
         help="keep passages that share short phrases or near-copies with others (drop only 16-token copies)",
     )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
-    p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (SDK parameter)")
+    p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (SDK parameter)")
+    p.add_argument(
+        "--response-w", type=int, default=DEFAULT_PARAMS.response_w, help="responses' window (SDK parameter)"
+    )
     args = p.parse_args()
 
     print("building corpus ...", file=sys.stderr)
@@ -218,38 +243,26 @@ def main() -> None:
         leaks_per_cell=args.leaks_per_cell,
         long_share=args.long_share,
         seed=args.seed,
+        response_share=args.response_share,
     )
-    # Runs compare only on the same traffic: which docstrings exist depends on what the process imported.
     digest = hashlib.sha256(orjson.dumps([[ex.request_id, ex.prompt, ex.response] for ex in traffic.order])).hexdigest()
     print(f"traffic {digest[:12]} from {len(passages)} passages", file=sys.stderr)
     key = random.Random(args.seed).randbytes(32)  # same traffic, same key: runs compare
-    with tempfile.TemporaryDirectory() as tmp, running_service() as service:
-        files = []
-        for i, text in enumerate(public):  # as an operator would: bleedwatch allowlist add FILE...
-            files.append(Path(tmp) / f"public-{i}.txt")
-            files[-1].write_text(" ".join(text))
-        allowlist_add(files, url=service.url, api_key=service.key("admin"), key=key, label=None, n=args.n, w=args.w)
-        params = replace(DEFAULT_PARAMS, n=args.n, w=args.w)
-        elapsed = asyncio.run(replay(service, traffic, key, args.batch, params))
-        findings = all_findings(service)
-        result = score(traffic, findings)
-        if args.why_missed:
-            named = {f["recipient_request_id"]: f["source_tenant"] for f in findings}
-            missed = [leak for leak in traffic.leaks if named.get(leak.recipient_request) != leak.source_tenant]
-            texts = [" ".join(t) for t in public]
-            # The same steps on the detected leaks of 16 and 24 words check that they follow the service.
-            found = [leak for leak in traffic.leaks if leak not in missed and leak.span in (16, 24)]
-            diagnoses = asyncio.run(why_missed(service, traffic, missed + found, key, params, texts))
-            agree = sum(d.cause == "found now" for d in diagnoses[len(missed) :])
-            diagnoses = diagnoses[: len(missed)]
+    params = replace(DEFAULT_PARAMS, n=args.n, w=args.w, response_w=args.response_w)
+    texts = [" ".join(t) for t in public]
+    if args.offline:
+        findings, elapsed = asyncio.run(offline.replay(traffic, key, params, offline.allowlist(texts, key, params)))
+    else:
+        with tempfile.TemporaryDirectory() as tmp, running_service() as service:
+            files = []
+            for i, text in enumerate(texts):  # as an operator would: bleedwatch allowlist add FILE...
+                files.append(Path(tmp) / f"public-{i}.txt")
+                files[-1].write_text(text)
+            allowlist_add(files, url=service.url, api_key=service.key("admin"), key=key, label=None, n=args.n, w=args.w)
+            elapsed = asyncio.run(replay(service, traffic, key, args.batch, params))
+            findings = all_findings(service)
+    result = score(traffic, findings)
     print(report(result, args, elapsed, len(traffic.order)))
-    if args.why_missed:
-        print(f"\nthe replayed steps find {agree} of the {len(found)} leaks of 16 and 24 words the service found\n")
-        print(table(diagnoses, SPANS))
-        result["why_missed"] = [
-            f"{d.leak.span}/{d.leak.perturbation} {d.cause}: {d.in_source} in source, {d.kept} kept; {d.detail}"
-            for d in diagnoses
-        ]
     if args.explain:
         explain(traffic, result["false_findings"], findings, args.explain)
     if args.json:

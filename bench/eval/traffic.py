@@ -1,4 +1,13 @@
-"""Multi-tenant traffic with injected leaks, and the ground truth to score findings against."""
+"""Multi-tenant traffic with injected leaks, and the ground truth to score findings against.
+
+Each tenant has its own passages for prompts and, apart from them, for answers: what a model
+says is not what it was sent, so a leak of another tenant's *answer* (a decode GPU's pages hold
+generated tokens too) shows only against that answer. Answers also carry stock phrases every
+tenant gets, quotes of public text, and echoes of the tenant's own prompts.
+
+Exchanges have the time they happened (``ts``) and an arrival order (``Traffic.order``): a
+leak's source happened first, and in a share of the leaks arrives after its recipient.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,16 @@ from typing import Any
 
 SPANS = (8, 12, 16, 24, 32, 64, 128, 256, 512)
 PERTURBATIONS = ("none", "case", "whitespace", "punctuation", "substitute", "interleave")
+SOURCES = ("prompt", "response")
+# What assistants say to everyone: common across tenants soon, never evidence of a leak.
+STOCK = (
+    "Sure, here is what you asked for.",
+    "I hope this helps! Let me know if you have any other questions.",
+    "Here is a summary of the main points:",
+    "Please note that I cannot verify this information independently.",
+    "Let me walk you through it step by step.",
+    "If you need more detail on any of these points, just ask and I will expand on it.",
+)
 
 
 @dataclass
@@ -18,6 +37,8 @@ class Exchange:
     prompt: list[str]
     response: list[str]
     private: list[str] = field(default_factory=list)  # the prompt's tenant-owned part, leak material
+    answer: list[str] = field(default_factory=list)  # the response's tenant-owned part, leak material
+    ts: float = 0.0  # seconds from the start of the traffic: when it happened
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +52,7 @@ class Leak:
     recipient_first: bool
     at: int = 0  # where the leaked words sit in the recipient's response: words [at, at + words)
     words: int = 0
+    source_kind: str = "prompt"  # which text of the source exchange leaked
 
 
 @dataclass
@@ -78,9 +100,13 @@ def generate(
     leaks_per_cell: int,
     long_share: float,
     seed: int,
+    response_share: float = 0.15,
 ) -> Traffic:
+    """``leaks_per_cell`` leaks per span and perturbation, ``response_share`` of them of a source's answer."""
     rng = random.Random(seed)
-    pools = [passages[i::tenants] for i in range(tenants)]
+    own = [passages[i::tenants] for i in range(tenants)]
+    prompts = [pool[0::2] for pool in own]
+    answers = [pool[1::2] for pool in own]
     names = [f"tenant-{i:03d}" for i in range(tenants)]
     history: dict[int, list[Exchange]] = {i: [] for i in range(tenants)}
     seq = 0
@@ -88,7 +114,7 @@ def generate(
     def make(t: int) -> Exchange:
         nonlocal seq
         seq += 1
-        pool = pools[t]
+        pool = prompts[t]
         if rng.random() < long_share:
             private = [w for _ in range(rng.randint(60, 200)) for w in rng.choice(pool)]
         else:
@@ -99,7 +125,8 @@ def generate(
             start = rng.randrange(max(1, len(quote) - 150))
             prompt += quote[start : start + rng.randint(30, 150)]
         prompt += private
-        response = [w for _ in range(rng.randint(1, 2)) for w in rng.choice(pool)]
+        answer = [w for _ in range(rng.randint(1, 2)) for w in rng.choice(answers[t])]
+        response = list(answer)
         if rng.random() < 0.3:  # self-echo: quote this prompt or an earlier one of the same tenant
             earlier = rng.choice(history[t]).private if history[t] and rng.random() < 0.5 else private
             start = rng.randrange(max(1, len(earlier) - 100))
@@ -109,11 +136,16 @@ def generate(
             quote = rng.choice(public)
             start = rng.randrange(max(1, len(quote) - 80))
             response += quote[start : start + rng.randint(20, 80)]
-        ex = Exchange(names[t], f"{names[t]}-{seq:06d}", prompt, response, private)
+        if rng.random() < 0.3:
+            stock = rng.choice(STOCK).split()
+            response = stock + response if rng.random() < 0.5 else response + stock
+        ex = Exchange(names[t], f"{names[t]}-{seq:06d}", prompt, response, private, answer)
         history[t].append(ex)
         return ex
 
     order = [make(rng.randrange(tenants)) for _ in range(clean)]
+    for i, ex in enumerate(order):
+        ex.ts = float(i)
     leaks = []
     for span in SPANS:
         for kind in PERTURBATIONS:
@@ -121,24 +153,38 @@ def generate(
                 a = rng.randrange(tenants)
                 b = rng.choice([t for t in range(tenants) if t != a])
                 source = make(a)
-                while len(source.private) < span + 10:
-                    extra = rng.choice(pools[a])
-                    source.private += extra
-                    source.prompt += extra
-                start = rng.randrange(len(source.private) - span)
-                leaked = perturb(source.private[start : start + span], kind, rng, list(rng.choice(pools[b])))
+                source_kind = "response" if rng.random() < response_share else "prompt"
+                material = source.answer if source_kind == "response" else source.private
+                while len(material) < span + 10:
+                    extra = rng.choice(answers[a] if source_kind == "response" else prompts[a])
+                    material += extra
+                    (source.response if source_kind == "response" else source.prompt).extend(extra)
+                start = rng.randrange(len(material) - span)
+                leaked = perturb(material[start : start + span], kind, rng, list(rng.choice(prompts[b])))
                 recipient = make(b)
                 cut = rng.randrange(len(recipient.response) + 1)
                 recipient.response = recipient.response[:cut] + leaked + recipient.response[cut:]
                 first = rng.random() < 0.3
                 pos = rng.randrange(len(order) + 1)
-                pair = [recipient, source] if first else [source, recipient]
-                # Apart by a few batches, so the two sides usually arrive in different requests.
-                order[pos:pos] = [pair[0]]
-                order.insert(min(len(order), pos + rng.randint(50, 400)), pair[1])
+                # Apart by a few batches, so the two sides usually arrive in different requests;
+                # the source happened first, whichever arrives first.
+                later = min(len(order), pos + rng.randint(50, 400))
+                when = order[pos - 1].ts if pos else 0.0
+                source.ts, recipient.ts = when + 0.25, when + 0.5
+                order[pos:pos] = [recipient if first else source]
+                order.insert(later, source if first else recipient)
                 leaks.append(
                     Leak(
-                        names[a], source.request_id, names[b], recipient.request_id, span, kind, first, cut, len(leaked)
+                        names[a],
+                        source.request_id,
+                        names[b],
+                        recipient.request_id,
+                        span,
+                        kind,
+                        first,
+                        cut,
+                        len(leaked),
+                        source_kind,
                     )
                 )
     return Traffic(order, leaks, clean)

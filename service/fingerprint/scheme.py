@@ -11,7 +11,7 @@ a guessed text without the key.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -39,20 +39,31 @@ class Params:
     only those whose value is 0 modulo ``sample_mod``. Which ones survive depends on the
     content, not on chance, so a sampled span still shares a predictable 1/``sample_mod`` of
     its fingerprints with an unsampled copy of the same text elsewhere.
+
+    Responses are winnowed with ``response_w`` (every shingle by default): a response is
+    where a leak shows, and with all its shingles the service sees every fingerprint a
+    winnowed source kept inside the copy, and can re-winnow the response to check that the
+    copy has no holes (docs/detection.md). Prompts, most of the volume, stay winnowed with ``w``.
+    Fingerprints do not depend on the window, so texts of any ``w`` compare.
     """
 
     n: int = 4
     w: int = 5
     sample_after: int = 65_536
     sample_mod: int = 4
+    response_w: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.n <= 64:
             raise ValueError("n must be between 1 and 64")
-        if not 1 <= self.w <= 256:
-            raise ValueError("w must be between 1 and 256")
+        if not 1 <= self.w <= 256 or not 1 <= self.response_w <= 256:
+            raise ValueError("w and response_w must be between 1 and 256")
         if not 0 <= self.sample_after < 2**32 or not 1 <= self.sample_mod < 2**32:
             raise ValueError("sample_after must be in [0, 2**32) and sample_mod in [1, 2**32)")
+
+    def for_response(self) -> Params:
+        """The parameters a response is fingerprinted with: ``w`` is ``response_w``."""
+        return replace(self, w=self.response_w)
 
     @property
     def guaranteed_run(self) -> int:
@@ -81,7 +92,8 @@ def check_key(key: bytes) -> None:
 def key_id(key: bytes, params: Params) -> str:
     """A public name for (key, n, w): fingerprints are only compared under the same key id.
 
-    Sampling is not part of it, since sampled and unsampled fingerprints stay comparable.
+    Sampling and ``response_w`` are not part of it, since fingerprints of any sampling and
+    response window stay comparable.
     """
     check_key(key)
     label = f"bleedwatch key-id v{SCHEME_VERSION} n={params.n} w={params.w}".encode()

@@ -57,9 +57,9 @@ class Hit:
     """The ``batch_pos``-th incoming doc shares ``count`` fingerprints with entries of another
     tenant whose first doc is ``doc``.
 
-    Only what may be a leak counts: an incoming response against the other tenant's prompts,
-    or an incoming prompt against the other tenant's responses, leaving out fingerprints that
-    are common or that the would-be recipient has in a prompt of its own.
+    Only what may be a leak counts: an incoming response against anything the other tenant
+    sent or received, or an incoming prompt against the other tenant's responses, leaving out
+    fingerprints that are common or that the would-be recipient has in a prompt of its own.
     """
 
     batch_pos: int

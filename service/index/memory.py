@@ -169,19 +169,19 @@ class MemoryIndex:
 
 
 def _fold(entry: Entry, doc: int, offset: int, kinds: Kind) -> Entry:
-    """Kinds add up; the first prompt doc replaces a response-only one (prompts are sources)."""
+    """Kinds add up; the first prompt doc replaces a response-only one (a prompt is the better source)."""
     if entry.kinds == Kind.RESPONSE and kinds & Kind.PROMPT:
         return Entry(entry.tenant, doc, offset, entry.kinds | kinds)
     return Entry(entry.tenant, entry.doc, entry.offset, entry.kinds | kinds)
 
 
 def _counts(doc: Doc, mine: Entry | None, other: Entry) -> bool:
-    """Whether a shared fingerprint is evidence of a leak, in one direction or the other.
+    """Whether a shared fingerprint may be evidence of a leak, in one direction or the other.
 
-    Leaks go from a prompt to another tenant's response: either the incoming doc is a response
-    and the other tenant had the text in a prompt (and the recipient never did), or the
-    incoming doc is a prompt and the other tenant had the text in responses only.
+    An incoming response may have leaked from anything another tenant sent or received, unless
+    the recipient sent the text itself; an incoming prompt may be the source of another tenant's
+    earlier response. Which side of a response pair leaked is for the matcher to judge.
     """
     if doc.kind & Kind.RESPONSE:
-        return bool(other.kinds & Kind.PROMPT) and not (mine and mine.kinds & Kind.PROMPT)
+        return not (mine and mine.kinds & Kind.PROMPT)
     return other.kinds == Kind.RESPONSE

@@ -34,6 +34,7 @@ class Scheme(BaseModel):
     w: int = Field(ge=1, le=256)
     sample_after: int = Field(ge=0, lt=2**32)
     sample_mod: int = Field(ge=1, lt=2**32)
+    response_w: int | None = Field(None, ge=1, le=256, description="The response's window; absent: w.")
 
 
 class Meta(BaseModel):

@@ -46,6 +46,13 @@ def _envelope(request_id: str | None, body: bytes) -> bytes:
     return (request_id or "").encode() + b"\n" + body
 
 
+def _params(ex: Exchange, kind: Kind) -> Params:
+    """The text's own parameters: a response is winnowed with ``response_w`` where the gateway sent one."""
+    s = ex.scheme
+    w = (s.response_w or s.w) if kind == Kind.RESPONSE else s.w
+    return Params(s.n, w, s.sample_after, s.sample_mod)
+
+
 def _idempotency_key(ex: Exchange) -> str:
     return f"{len(ex.tenant)}:{ex.tenant}:{ex.request_id}"
 
@@ -158,7 +165,7 @@ class Ingestor:
                     ts=ex.ts.timestamp(),
                     token_count=text.token_count,
                     context=context,
-                    params=Params(ex.scheme.n, ex.scheme.w, ex.scheme.sample_after, ex.scheme.sample_mod),
+                    params=_params(ex, kind),
                     values=text.values if kind == Kind.RESPONSE else None,
                     offsets=text.offsets if kind == Kind.RESPONSE else None,
                 )

@@ -1,49 +1,49 @@
-"""From matched fingerprints to evidence a responder can act on: runs, coverage, severity.
+"""From matched fingerprints to evidence a responder can act on: exact pieces, copies, severity.
 
-Pure functions over offsets, so scoring is tested without any backend. docs/detection.md gives
-the reasoning and the measured effect of each threshold.
+A leak copies a stretch of another tenant's text, perhaps cut into fragments with the
+recipient's own words between them, or with a word changed here and there. Evidence is built
+in two steps, each with one reason (docs/detection.md):
+
+1. **Pieces.** Matches of one source document on one diagonal (source offset minus response
+   offset) with no *hole* between them. A hole is a fingerprint the source would have kept had
+   the text been the same there (the response re-winnowed with the source's window: ``kept``)
+   that is neither the source tenant's nor blind (common, allowlisted, the recipient's own). A
+   piece is thus an exact copy, as far as fingerprints can tell.
+2. **Copies.** Pieces chained in response order while each continues the source where the
+   last one stopped (``joins``).
+
+A copy scores the tokens it copied, less what chance explains: n - 1 tokens per piece, since
+unrelated texts of one genre share short phrases (a piece of one shingle is n tokens and scores
+1). One threshold on that score, ``Thresholds.min_score``, makes a finding.
+
+Cost: one sort of the matches, one binary search per match, and at most ``MAX_PREDECESSORS``
+join checks per piece, so a response costs O(m log m) for m matches whatever their order.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from itertools import groupby
 
 import numpy as np
 import numpy.typing as npt
 
-from service.fingerprint.scheme import Params
+from service.fingerprint.scheme import Params, winnow
 
-# Consecutive matches of one run may be this many tokens apart: a changed word costs n shingles,
-# and shingles shared with many tenants (common) are left out, which can leave longer gaps.
-# Staying on one diagonal (below) is what keeps unrelated matches apart, not the gap.
+# A piece ends where the next match of its diagonal is further than this (times ``sample_mod``
+# where the source was sampled) even without a hole: between them the response is all blind.
 GAP_TOKENS = 64
-# ... and the source may drift by this many tokens against the response (inserted or dropped words).
-SHIFT_TOLERANCE = 8
-# A run of this many matched fingerprints needs only this purity (see _no_holes); with every
-# shingle (w = 1) a run's holes are exact, and ``Thresholds.long_run_purity`` is higher.
-LONG_RUN_FINGERPRINTS = 6
-LONG_RUN_PURITY = 0.5
+# Pieces a piece may continue are looked for among this many before it in response order: the
+# budget that keeps chaining linear when a hostile response matches everywhere.
+MAX_PREDECESSORS = 32
 
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    min_matched: int
-    min_run_tokens: int
-    min_purity: float
+    min_matched: int  # fingerprints a copy needs
+    min_score: int  # copied tokens a copy needs beyond what chance explains (module docstring)
     high_run_tokens: int
     critical_run_tokens: int
-    # A copy of several runs needs one with at least this many fingerprints (1 = any chain counts).
-    chain_run_fingerprints: int = 1
-    # What a run of ``LONG_RUN_FINGERPRINTS`` or more needs instead of ``min_purity``.
-    long_run_purity: float = LONG_RUN_PURITY
-
-
-def every_shingle(params: Params) -> bool:
-    """Fingerprinted with w = 1: a run has its copy's true length, and ``Thresholds`` of their own judge it."""
-    return params.w == 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +56,8 @@ class Match:
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
-    """Tokens ``[start, end)`` of the response matched ``[source_start, source_end)`` of one source doc."""
+class Piece:
+    """Tokens ``[start, end)`` of the response copy ``[source_start, source_end)`` of one source doc."""
 
     start: int
     end: int
@@ -65,383 +65,261 @@ class Run:
     source_start: int
     source_end: int
     fingerprints: int
-    purity: float = 1.0
-    # The response offsets of its matches, for splitting a run with holes (``pure_runs``).
-    matched: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def tokens(self) -> int:
         return self.end - self.start
 
 
-def _stride(params: Params, offset: int) -> int:
-    """How far apart consecutive fingerprints of a shared run may be at ``offset``."""
-    sampled = params.sample_mod if params.sample_mod > 1 and offset >= params.sample_after else 1
-    return max(GAP_TOKENS, 3 * params.w) * sampled
+@dataclass(frozen=True, slots=True)
+class Copy:
+    pieces: tuple[Piece, ...]
+    score: int
+
+    @property
+    def tokens(self) -> int:
+        return _tokens(self.pieces)
+
+    @property
+    def fingerprints(self) -> int:
+        return sum(p.fingerprints for p in self.pieces)
 
 
-def by_doc(matches: list[Match]) -> dict[int, list[Match]]:
-    """Matches per source document, in response order."""
-    out: dict[int, list[Match]] = {}
-    for m in sorted(matches, key=lambda m: m.response_offset):
-        out.setdefault(m.source_doc, []).append(m)
+@dataclass
+class Budget:
+    """Join checks left for one response; ``cut`` counts scans the budget ended early (a metric)."""
+
+    predecessors: int = MAX_PREDECESSORS
+    cut: int = 0
+
+
+@dataclass(slots=True)
+class Response:
+    """The recipient's response as evidence sees it: fingerprints by offset, which are blind, its parameters.
+
+    ``blind``: fingerprints that can be nobody's evidence and no source's hole (common,
+    allowlisted, the recipient's own text).
+    """
+
+    values: npt.NDArray[np.uint64]
+    offsets: npt.NDArray[np.uint32]
+    blind: npt.NDArray[np.bool_]
+    params: Params
+    _kept: dict[tuple[int, int], npt.NDArray[np.bool_]] = field(default_factory=dict, repr=False)
+
+    def kept(self, w: int, mod: int) -> npt.NDArray[np.bool_]:
+        """Which fingerprints a source winnowed with ``w`` and sampled by ``mod`` would hold, had it the same text.
+
+        With every shingle (``params.w == 1``) the response can be winnowed again with the
+        source's window: inside a copy, away from its ends by less than a window, that picks
+        exactly the fingerprints the source kept. Only the stretch with every shingle (before
+        the response's own sampling) can be; past it nothing is known, so nothing is a hole.
+        A winnowed response shares its own fingerprints with a source of the same window.
+        """
+        cached = self._kept.get((w, mod))
+        if cached is not None:
+            return cached
+        if self.params.w == 1 and w > 1:
+            every = int(np.searchsorted(self.offsets, self.params.sample_after)) if self.params.sample_mod > 1 else None
+            dense = len(self.offsets) if every is None else every
+            out = np.zeros(len(self.values), dtype=bool)
+            out[winnow(self.values[:dense], w)] = True
+        else:
+            out = np.ones(len(self.values), dtype=bool)
+        if mod > 1:
+            out &= self.values % np.uint64(mod) == 0
+        self._kept[(w, mod)] = out
+        return out
+
+    def blind_within(self, found: Spans) -> None:
+        """Everything inside ``found`` is blind from now on (the recipient's own text)."""
+        starts, ends = found
+        if len(starts):
+            at = np.searchsorted(starts, self.offsets, "right") - 1
+            self.blind |= (at >= 0) & (self.offsets < ends[np.maximum(at, 0)])
+
+
+Spans = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def spans(found: list[Piece]) -> Spans:
+    """The response stretches the pieces cover, merged, as sorted starts and ends."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for p in sorted(found, key=lambda p: p.start):
+        if ends and p.start <= ends[-1]:
+            ends[-1] = max(ends[-1], p.end)
+        else:
+            starts.append(p.start)
+            ends.append(p.end)
+    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def outside(matches: list[Match], found: Spans) -> list[Match]:
+    """The matches in none of the stretches."""
+    starts, ends = found
+    if not len(starts) or not matches:
+        return matches
+    offsets = np.fromiter((m.response_offset for m in matches), np.int64, len(matches))
+    at = np.searchsorted(starts, offsets, "right") - 1
+    inside = (at >= 0) & (offsets < ends[np.maximum(at, 0)])
+    return [m for m, x in zip(matches, inside.tolist(), strict=True) if not x]
+
+
+def _stride(source: Params, source_offset: int) -> int:
+    sampled = source.sample_mod if source.sample_mod > 1 and source_offset >= source.sample_after else 1
+    return GAP_TOKENS * sampled
+
+
+def holes(response: Response, matches: list[Match], sources: dict[int, Params]) -> npt.NDArray[np.uint32]:
+    """Sorted response offsets where the source tenant's text would show, had it been copied, and does not.
+
+    ``matches`` are all of one tenant's. Its documents may have different windows: the widest
+    is used (it keeps the fewest, so fewer holes are claimed). Where one was sampled, only
+    values divisible by its ``sample_mod`` could match.
+    """
+    if not matches:
+        return np.empty(0, np.uint32)
+    w = max(sources[m.source_doc].w for m in matches)
+    mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
+    could = response.kept(w, max(mods, default=1)) & ~response.blind
+    could &= ~np.isin(response.offsets, np.fromiter((m.response_offset for m in matches), np.uint32, len(matches)))
+    return response.offsets[could]
+
+
+def _between(sorted_offsets: npt.NDArray[np.uint32], lo: int, hi: int) -> bool:
+    """Is one of ``sorted_offsets`` strictly between ``lo`` and ``hi``?"""
+    i = int(np.searchsorted(sorted_offsets, lo, "right"))
+    return i < len(sorted_offsets) and int(sorted_offsets[i]) < hi
+
+
+def pieces(matches: list[Match], gaps: npt.NDArray[np.uint32], sources: dict[int, Params], n: int) -> list[Piece]:
+    """The exact pieces of one tenant's matches: one diagonal of one document, no hole (``gaps``) between.
+
+    Matches off the diagonal do not cut a piece: the index keeps one offset per document and
+    fingerprint, so a phrase the source repeats points back to its first occurrence, and is
+    still the tenant's text where the copy has it.
+    """
+    out: list[Piece] = []
+    ordered = sorted(matches, key=lambda m: (m.source_doc, m.source_offset - m.response_offset, m.response_offset))
+    for (doc, _), group in groupby(ordered, key=lambda m: (m.source_doc, m.source_offset - m.response_offset)):
+        run: list[Match] = []
+        for m in group:
+            if run:
+                prev = run[-1]
+                gap = m.response_offset - prev.response_offset
+                if gap > _stride(sources[doc], prev.source_offset) or _between(
+                    gaps, prev.response_offset, m.response_offset
+                ):
+                    out.append(_piece(run, n))
+                    run = []
+            run.append(m)
+        out.append(_piece(run, n))
     return out
 
 
-def runs(matches: list[Match], response: Params, sources: dict[int, Params]) -> list[Run]:
-    """Group matches into runs: same source doc, close together, on the same diagonal.
-
-    A leak copies a contiguous span, so response and source offsets advance together. A match
-    that does not continue any open run starts one of its own without ending the others: the
-    index keeps one offset per document, so a shingle that occurs twice in the source points
-    back to its first occurrence, and must not cut the copy it sits in into two halves.
-    """
-    out: list[Run] = []
-    for doc, ms in by_doc(matches).items():
-        source = sources[doc]
-        groups: list[list[Match]] = []
-        for m in ms:
-            best, drift = None, SHIFT_TOLERANCE + 1
-            for group in groups:
-                prev = group[-1]
-                gap = m.response_offset - prev.response_offset
-                advance = m.source_offset - prev.source_offset
-                allowed = max(_stride(response, prev.response_offset), _stride(source, prev.source_offset))
-                # A copy moves forward in both texts together; a repeated phrase in the
-                # response matching one spot of the source again does not.
-                if gap <= allowed and advance > 0 and abs(gap - advance) < drift:
-                    best, drift = group, abs(gap - advance)
-            if best is None:
-                groups.append([m])
-            else:
-                best.append(m)
-        out += [_run(doc, group, response.n) for group in groups]
-    return sorted(out, key=lambda r: (r.start, r.source_doc))
-
-
-def chains(found: list[Run], n: int, w: int, gaps: Sequence[int] = (), blind: Sequence[int] = ()) -> list[list[Run]]:
-    """Runs of one source tenant that together copy one stretch of its text.
-
-    Three cases make one copy look like several runs:
-
-    - fragments of a source span interleaved with other text: consecutive runs of one document
-      whose source ranges abut, in order and without overlapping (a cut does not repeat text),
-      while the response has more than ``SHIFT_TOLERANCE`` tokens inserted between them (with
-      fewer, they would be one run). "Abut" allows the tokens between a fragment's edge and
-      its first or last fingerprint (up to w - 1 on each side) and a fragment too short to keep
-      one (up to n + w - 2): at most 3w + n - 4 tokens, and no more than n + w, a trade measured
-      in docs/detection.md. With w = 1 every shingle is a fingerprint, so that is n - 1;
-    - a span the index knows from two of the tenant's documents (it holds each fingerprint's
-      first prompt, and the tenant sent parts of the span before, with other neighbours): runs
-      of different documents that abut in the response, with none of the ``gaps`` between them
-      (sorted response offsets of fingerprints that could have matched the tenant and did not:
-      ``holes``). Every fingerprint of a copy is in one of the tenant's documents, those across
-      the seam too (in the prompt that held the whole span); two phrases the tenant happens to share, a few words
-      apart in the answer ("... to 3.7.3", "drop pre-dependency on x11-common from"), have the
-      answer's own words between them;
-    - a phrase the source repeats: the index knows it at its first occurrence, so its run points
-      back before anything the chain took of the document, and touches the chain's last run in
-      the response (within a copy the next fingerprint is at most w tokens after the last). A
-      copy may also begin with such a phrase: then the run after it goes on past all the chain took.
-
-    Common text may have taken fingerprints between two pieces of a copy (``blind``: sorted
-    response offsets of fingerprints that could not count, being common, allowlisted or
-    self-echo). Each one of a row of them between the pieces may hide w tokens of the copy: a
-    repeated phrase touches the run before it across them, as long as no token of the answer lies
-    outside both, and a fragment left out between two others may be that much longer.
-
-    A template filled differently on both sides ("fix X for Y" / "fix Z for Y") is none of them:
-    its slot is in the source too, so the source ranges do not abut, or the response's slot is
-    about as long as the source's.
-
-    Otherwise a copy reads each source document forward: a run that goes back to a stretch of a
-    document the chain already took is a phrase the response repeats ("smb: client: fix
-    potential UAF in X", "... in Y", each against the same spot of two documents in turn), and
-    does not join it. Nor does a run whose source stretch another run of the response matches
-    too: a phrase the recipient's own text repeats ("use after free bug in") is no fragment of a
-    copy, and joined to a short shared run next to it would make one.
-    """
-    edge = min(n + w, 3 * w + n - 4)
-    spots = Counter((r.source_doc, r.source_start, r.source_end) for r in found)
-    repeated = {id(r) for r in found if spots[(r.source_doc, r.source_start, r.source_end)] > 1}
-    # Two copies end at each run: the best one (most tokens) and the one that starts there. A
-    # stray run before a copy may make the best one longer and still be wrong for it: taking its
-    # source stretch, it stops the copy's repeated phrases from joining (``_back``). A copy
-    # ending more than GAP_TOKENS before a run's start is closed: nothing later joins it.
-    open_: list[tuple[list[Run], int]] = []
-    closed: list[tuple[list[Run], int]] = []
-    within: set[int] = set()  # copies that a longer one holds
-    for run in sorted(found, key=lambda r: (r.start, -r.end)):
-        closed += [c for c in open_ if c[0][-1].end < run.start - GAP_TOKENS]
-        open_ = [c for c in open_ if c[0][-1].end >= run.start - GAP_TOKENS]
-        alone: tuple[list[Run], int] = ([run], run.tokens)
-        best: tuple[list[Run], int] | None = None
-        before: list[Run] = []
-        if id(run) not in repeated:
-            for chain, covered in open_:
-                last = chain[-1]
-                if id(last) in repeated or run.end <= last.end:
-                    continue  # a repeated phrase, or inside a run already taken
-                tokens = covered + run.end - max(run.start, last.end)
-                if (best is None or tokens > best[1]) and _joins(chain, run, n, w, edge, gaps, blind):
-                    best, before = ([*chain, run], tokens), chain
-        if best is not None:
-            within.update((id(before), id(alone[0])))
-            open_.append(best)
-        open_.append(alone)
-    return [c for c, _ in closed + open_ if id(c) not in within]
-
-
-def _joins(chain: list[Run], run: Run, n: int, w: int, edge: int, gaps: Sequence[int], blind: Sequence[int]) -> bool:
-    """Does ``run`` continue the copy ``chain`` is, in one of the three ways ``chains`` lists?"""
-    last = chain[-1]
-    gap = run.start - last.end
-    if run.source_doc != last.source_doc:
-        return -n < gap <= edge and _forward(chain, run, n) and not _between(gaps, last, run, n)
-    hidden = w * _streak(blind, last.end - n, run.start, w)  # tokens common text may hide
-    source_gap = run.source_start - last.source_end
-    if 0 <= source_gap <= edge + hidden and source_gap + SHIFT_TOLERANCE < gap <= GAP_TOKENS:
-        return True
-    # Touching in the response: a phrase the source repeats, known at its first occurrence, at
-    # the start of the copy or inside it.
-    touching = -n < gap <= w - n or -n < gap <= min(0, w - n + hidden)
-    return touching and (_back(chain, run) or _ahead(chain, run))
-
-
-def _streak(blind: Sequence[int], lo: int, hi: int, w: int) -> int:
-    """The most ``blind`` fingerprints strictly between ``lo`` and ``hi`` in a row (at most w apart).
-
-    A piece of the copy that common text hid is one stretch of the answer, its fingerprints one
-    after another; blind ones scattered over the text between two pieces hide no piece.
-    """
-    best = count = 0
-    prev = lo
-    for at in blind[bisect.bisect_right(blind, lo) : bisect.bisect_left(blind, hi)]:
-        count = count + 1 if at - prev <= w else 1
-        best, prev = max(best, count), at
-    return best
-
-
-def _ahead(chain: list[Run], run: Run) -> bool:
-    """``run`` starts after everything ``chain`` took of its source document."""
-    return run.source_start >= max(r.source_end for r in chain if r.source_doc == run.source_doc)
-
-
-def _forward(chain: list[Run], run: Run, n: int) -> bool:
-    """``run`` starts past what ``chain`` took of its source document (n - 1 tokens of overlap allowed)."""
-    taken = [r.source_end for r in chain if r.source_doc == run.source_doc]
-    return not taken or run.source_start > max(taken) - n
-
-
-def _back(chain: list[Run], run: Run) -> bool:
-    """``run`` ends before anything ``chain`` took of its source document."""
-    return run.source_end <= min(r.source_start for r in chain if r.source_doc == run.source_doc)
-
-
-def _between(gaps: Sequence[int], left: Run, right: Run, n: int) -> bool:
-    """Is one of the ``gaps`` between ``left``'s last matched fingerprint and ``right``'s first?"""
-    i = bisect.bisect_right(gaps, left.end - n)
-    return i < len(gaps) and gaps[i] < right.start
-
-
-def holes(
-    values: npt.NDArray[np.uint64],
-    offsets: npt.NDArray[np.uint32],
-    counted: npt.NDArray[np.bool_],
-    matches: list[Match],
-    sources: dict[int, Params],
-) -> list[int]:
-    """Response offsets of fingerprints that could have matched a source tenant and did not.
-
-    ``matches`` are all of the tenant's. Where one of its documents was sampled only values
-    divisible by its ``sample_mod`` could match, so only those count. Only a chain of two
-    documents looks at them, so with one document there are none to find.
-    """
-    if len({m.source_doc for m in matches}) < 2:
-        return []
-    mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
-    could = counted & ~np.isin(offsets, np.array([m.response_offset for m in matches], dtype=np.uint32))
-    if mods:
-        could &= values % np.uint64(max(mods)) == 0
-    return [int(o) for o in offsets[could]]
-
-
-def _tokens(found: list[Run]) -> int:
-    """Response tokens the runs cover, their overlaps counted once."""
-    covered, reach = 0, 0
-    for r in sorted(found, key=lambda r: r.start):
-        start = max(r.start, reach)
-        if r.end > start:
-            covered += r.end - start
-            reach = r.end
-    return covered
-
-
-def _run(doc: int, group: list[Match], n: int) -> Run:
-    return Run(
-        start=group[0].response_offset,
-        end=group[-1].response_offset + n,
-        source_doc=doc,
-        source_start=min(m.source_offset for m in group),
-        source_end=max(m.source_offset for m in group) + n,
-        fingerprints=len(group),
-        matched=tuple(m.response_offset for m in group),
+def _piece(run: list[Match], n: int) -> Piece:
+    first, last = run[0], run[-1]
+    return Piece(
+        first.response_offset,
+        last.response_offset + n,
+        first.source_doc,
+        first.source_offset,
+        last.source_offset + n,
+        len(run),
     )
 
 
-def with_purity(
-    run: Run,
-    values: npt.NDArray[np.uint64],
-    offsets: npt.NDArray[np.uint32],
-    counted: npt.NDArray[np.bool_],
-    n: int,
-    source: Params,
-    doc_matches: list[Match] | None = None,
-) -> Run:
-    """The run's share of the response fingerprints it spans that could have matched.
+def joins(before: Piece, after: Piece, n: int, source: Params, gaps: npt.NDArray[np.uint32]) -> bool:
+    """Does ``after`` continue the copy that ``before`` ends?
 
-    A copied span matches nearly every fingerprint inside it; two texts that only share a
-    template ("fix X for Y" / "fix Z for Y") match its ends and miss the middle. Fingerprints
-    that could not count are left out of the share: common, allowlisted or self-echo ones, and
-    those the source's sampling dropped (only values divisible by its ``sample_mod`` survive).
-
-    ``doc_matches`` (the run's source document's matches, by response offset) adds those that
-    matched the document *before* their place on the run's diagonal: the index keeps a
-    fingerprint's first offset in a document, so a phrase the source repeats points back to its
-    first occurrence, and is still part of the copy: the run's ``fingerprints`` count it too.
+    In the response it comes next (overlapping by less than a shingle), at most GAP_TOKENS
+    on. In the source, either it starts where ``before`` stopped, give or take what a cut or a
+    changed word can lose (n - 1 tokens, and w - 1 on each side where the source was winnowed):
+    a fragment with other text inserted before it, or the rest of a copy past a substituted
+    word; or it is another document of the tenant, abutting ``before`` with no hole between:
+    a span the tenant had sent in two documents with different neighbours, of which the index
+    names the first.
     """
-    lo = int(np.searchsorted(offsets, run.start, "left"))
-    hi = int(np.searchsorted(offsets, run.end - n, "right"))
-    possible = counted[lo:hi]
-    if source.sample_mod > 1 and run.source_start >= source.sample_after:
-        possible = possible & (values[lo:hi] % np.uint64(source.sample_mod) == 0)
-    matched = run.fingerprints
-    if doc_matches:
-        diagonal = run.source_start - run.start
-        first = bisect.bisect_left(doc_matches, run.start, key=lambda m: m.response_offset)
-        inside = set()
-        for m in doc_matches[first:]:
-            if m.response_offset > run.end - n:
-                break
-            if m.source_offset <= m.response_offset + diagonal + SHIFT_TOLERANCE:
-                inside.add(m.response_offset)
-        matched = max(matched, len(inside))
-    return replace(run, fingerprints=matched, purity=matched / max(int(possible.sum()), matched))
+    gap = after.start - before.end
+    if not -n < gap <= GAP_TOKENS or after.end <= before.end:
+        return False
+    if after.source_doc == before.source_doc:
+        edge = n - 1 + 2 * (source.w - 1)
+        return -n < after.source_start - before.source_end <= edge
+    return gap <= source.w and not _between(gaps, before.end - n, after.start)
 
 
-def pure_runs(
-    run: Run,
-    values: npt.NDArray[np.uint64],
-    offsets: npt.NDArray[np.uint32],
-    counted: npt.NDArray[np.bool_],
-    n: int,
-    source: Params,
-    doc_matches: list[Match],
-    t: Thresholds,
-) -> list[Run]:
-    """``run`` with its purity if it has no holes, else its pieces either side of its widest gap, each
-    split again while it has holes.
+def copies(
+    found: list[Piece], n: int, sources: dict[int, Params], gaps: npt.NDArray[np.uint32], budget: Budget
+) -> list[Copy]:
+    """The best copy ending at each piece, by score (module docstring); one pass in response order.
 
-    A match that falls on a copy's diagonal by chance (a phrase the copy shares with text next to
-    it, pointing at its first occurrence in the source) makes one run of the copy and of the
-    text around it, whose holes would hide the copy. A piece is kept only if it has no holes on
-    its own, so this finds nothing the same matches without the stray one would not: the ends of
-    a template are still short runs, and do not join into a chain again across the slot (the
-    split gap is one a run could bridge, so the response has no more than ``SHIFT_TOLERANCE``
-    tokens inserted there).
+    A piece may start a copy or continue the best-scoring one it ``joins`` among the
+    ``budget.predecessors`` pieces before it.
     """
-    scored = with_purity(run, values, offsets, counted, n, source, doc_matches)
-    if _no_holes(scored, t) or len(run.matched) < 2:
-        return [scored]
-    gaps = [b - a for a, b in zip(run.matched, run.matched[1:], strict=False)]
-    cut = gaps.index(max(gaps)) + 1
-    at = set(run.matched)
-    mine = [m for m in doc_matches if m.response_offset in at]  # one match per offset and document
-    left = [m for m in mine if m.response_offset < run.matched[cut]]
-    right = [m for m in mine if m.response_offset >= run.matched[cut]]
-    if not left or not right:
-        return [scored]
-    return [
-        piece
-        for part in (left, right)
-        for piece in pure_runs(_run(run.source_doc, part, n), values, offsets, counted, n, source, doc_matches, t)
-    ]
+    order = sorted(found, key=lambda p: (p.start, p.end))
+    best: list[Copy] = []
+    for j, piece in enumerate(order):
+        alone = Copy((piece,), piece.tokens - (n - 1))
+        chosen = alone
+        first = max(0, j - budget.predecessors)
+        if first > 0 and order[first - 1].end > piece.start - GAP_TOKENS - n:
+            budget.cut += 1
+        for i in range(j - 1, first - 1, -1):
+            prior = best[i]
+            last = prior.pieces[-1]
+            if not joins(last, piece, n, sources[piece.source_doc], gaps):
+                continue
+            gained = piece.end - max(piece.start, last.end) - (n - 1)
+            if prior.score + gained > chosen.score:
+                chosen = Copy((*prior.pieces, piece), prior.score + gained)
+        best.append(chosen)
+    # A copy another one continues is part of it: only the longest of each chain is kept.
+    continued = {id(c.pieces[-2]) for c in best if len(c.pieces) > 1}
+    return [c for c in best if id(c.pieces[-1]) not in continued]
 
 
-def scored_runs(
-    matches: list[Match],
-    values: npt.NDArray[np.uint64],
-    offsets: npt.NDArray[np.uint32],
-    counted: npt.NDArray[np.bool_],
-    response: Params,
-    sources: dict[int, Params],
-    t: Thresholds,
-) -> list[Run]:
-    """The matches' runs, each scored and split into pure pieces: what ``copies`` chains."""
-    per_doc = by_doc(matches)
-    return [
-        piece
-        for r in runs(matches, response, sources)
-        for piece in pure_runs(r, values, offsets, counted, response.n, sources[r.source_doc], per_doc[r.source_doc], t)
-    ]
+def evaluate(response: Response, matches: list[Match], sources: dict[int, Params], budget: Budget) -> list[Copy]:
+    """One source tenant's copies in ``response``."""
+    if not matches:
+        return []
+    gaps = holes(response, matches, sources)
+    found = pieces(matches, gaps, sources, response.params.n)
+    return copies(found, response.params.n, sources, gaps, budget)
 
 
-def coverage(found: list[Run], response_tokens: int) -> float:
-    """Share of the response's tokens inside matched runs."""
+def is_finding(copied: list[Copy], t: Thresholds) -> bool:
+    """More than a coincidence: a copy that scores ``min_score`` with at least ``min_matched`` fingerprints."""
+    return any(c.score >= t.min_score and c.fingerprints >= t.min_matched for c in copied)
+
+
+def longest(copied: list[Copy]) -> int:
+    """Tokens of the longest copy: its length, for severity."""
+    return max((c.tokens for c in copied), default=0)
+
+
+def _tokens(found: tuple[Piece, ...] | list[Piece]) -> int:
+    """Response tokens the pieces cover, their overlaps counted once."""
+    covered, reach = 0, 0
+    for p in sorted(found, key=lambda p: p.start):
+        start = max(p.start, reach)
+        if p.end > start:
+            covered += p.end - start
+            reach = p.end
+    return covered
+
+
+def coverage(found: list[Piece], response_tokens: int) -> float:
+    """Share of the response's tokens inside the pieces."""
     if response_tokens <= 0:
         return 0.0
     return min(1.0, _tokens(found) / response_tokens)
 
 
-def severity(longest_run: int, t: Thresholds, *, canary: bool = False) -> str:
-    if canary or longest_run >= t.critical_run_tokens:
+def severity(longest_copy: int, t: Thresholds, *, canary: bool = False) -> str:
+    if canary or longest_copy >= t.critical_run_tokens:
         return "critical"
-    if longest_run >= t.high_run_tokens:
+    if longest_copy >= t.high_run_tokens:
         return "high"
     return "low"
-
-
-def _no_holes(run: Run, t: Thresholds) -> bool:
-    """Pure enough to be a copy: ``min_purity``, or less for a run with many matches.
-
-    A substituted word costs up to n shingles, so a long copy with a few substitutions can fall
-    below ``min_purity`` while no template does: a template's shared stretches between its slots
-    are short, so its runs have few fingerprints. At w = 1 six fingerprints are only 9 tokens: a
-    copy with one substituted word and six matches has 6 of 10 (0.6), and a template whose slot
-    holds three words, 7 and 5 tokens around it, 6 of 12; ``long_run_purity`` (0.55) parts them.
-    """
-    if run.fingerprints >= LONG_RUN_FINGERPRINTS:
-        return run.purity >= t.long_run_purity
-    return run.purity >= t.min_purity
-
-
-def copies(
-    found: list[Run], t: Thresholds, n: int, w: int, gaps: Sequence[int] = (), blind: Sequence[int] = ()
-) -> list[list[Run]]:
-    """The chains of runs without holes: what may be a copy, for ``is_finding`` and ``longest``.
-
-    ``gaps``: the source tenant's ``holes``, which documents of a chain must not have between them;
-    ``blind``: the response offsets of fingerprints that could not count (``chains``).
-    """
-    return chains([r for r in found if _no_holes(r, t)], n, w, gaps, blind)
-
-
-def longest(copied: list[list[Run]]) -> int:
-    """Tokens of the longest copy: its length, for severity."""
-    return max((_tokens(c) for c in copied), default=0)
-
-
-def is_finding(copied: list[list[Run]], t: Thresholds) -> bool:
-    """More than a coincidence: a copy with several fingerprints and a real length.
-
-    With ``chain_run_fingerprints`` > 1, a copy of several runs needs one run with that many
-    fingerprints: single shingles strung together (two frequent 4-grams next to each other in the
-    answer, each somewhere in the source tenant's prompts) are coincidences, not a copy.
-    """
-    for c in copied:
-        matched, tokens = sum(r.fingerprints for r in c), _tokens(c)
-        if len(c) > 1 and max(r.fingerprints for r in c) < t.chain_run_fingerprints:
-            continue  # single shingles strung together: each a frequent phrase the tenant had somewhere
-        if matched >= t.min_matched and tokens >= t.min_run_tokens:
-            return True
-    return False

@@ -4,15 +4,18 @@ Hits only say *where to look*. Each candidate response is then re-evaluated from
 it is now (``lookup``), so the result does not depend on which side of a leak arrived first or
 on which replica saw which part: evaluating twice gives the same or a larger finding, never two.
 
-Per response fingerprint, in this order: allowlisted -> ignored; a canary's -> evidence for
-that canary, whatever else holds it; common (many tenants) -> ignored; in one of the
-recipient's own prompts (self-echo) -> ignored; else evidence for every other tenant that had it
-in a prompt. Other tenants' responses are never a source: identical stock answers are common,
-and what a KV leak carries is derived from the victim's prompt.
+Per response fingerprint, in this order: allowlisted -> blind; a canary's -> evidence for that
+canary, whatever else holds it; common (many tenants) -> blind; in one of the recipient's own
+prompts (self-echo) -> blind; else evidence for every other tenant that had it in a prompt, or
+in a response served before this one (a decode GPU's pages hold generated tokens too). A
+response pair is judged in one direction only, from the earlier to the later, so one copy is
+one finding; and text the recipient was itself served before is no evidence that it came from
+another tenant's answer (stock answers), though it still is from another tenant's prompt.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,17 +27,21 @@ from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
+    Budget,
+    Copy,
     Match,
-    Run,
+    Piece,
+    Response,
     Thresholds,
-    copies,
     coverage,
-    every_shingle,
+    evaluate,
     holes,
     is_finding,
     longest,
-    scored_runs,
+    outside,
+    pieces,
     severity,
+    spans,
 )
 from service.matching.known import Known, KnownFingerprints
 
@@ -71,6 +78,8 @@ class Source:
     request_id: str
     kind: str
     params: Params
+    ts: float = 0.0
+    response: bool = False  # a response: a source only of responses served after it
     canary: bool = False
 
 
@@ -80,31 +89,49 @@ def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, 
     A finding needs ``min_matched`` fingerprints from one source tenant, so hits count per
     response and source tenant: a response sharing one frequent phrase each with two tenants'
     prompts is not worth a lookup of all its fingerprints (in chat traffic, most would be).
+    Two responses sharing text are both candidates: which one was served first is for the
+    evaluation to tell.
     """
     weight: dict[tuple[int, int], int] = {}  # (response ref, source tenant ref) -> shared fingerprints
     recipient: dict[int, int] = {}
     for hit in hits:
         doc = docs[hit.batch_pos]
-        if doc.kind & Kind.RESPONSE:  # an incoming response, hit by another tenant's prompt
-            pair = (doc.ref, hit.tenant)
-            recipient[doc.ref] = doc.tenant
-        elif hit.kinds == Kind.RESPONSE:  # an incoming prompt, hitting another tenant's response
-            pair = (hit.doc, doc.tenant)
-            recipient[hit.doc] = hit.tenant
-        else:
-            continue
-        weight[pair] = weight.get(pair, 0) + hit.count
+        pairs = []
+        if doc.kind & Kind.RESPONSE:  # an incoming response, hit by another tenant's text
+            pairs.append((doc.ref, doc.tenant, hit.tenant))
+        if hit.kinds == Kind.RESPONSE:  # another tenant's response, hit by incoming text
+            pairs.append((hit.doc, hit.tenant, doc.tenant))
+        for ref, tenant, source in pairs:
+            recipient[ref] = tenant
+            weight[(ref, source)] = weight.get((ref, source), 0) + hit.count
     return {ref: recipient[ref] for (ref, _), w in weight.items() if w >= min_matched}
 
 
+@dataclass(slots=True)
+class Candidate:
+    """One response to judge: its evidence view and what each tenant (or canary) had of it.
+
+    Matches by ("tenant", ref) or ("canary", id): ``sent`` in prompts (canaries included),
+    ``served`` in answers; ``own``: the recipient's own prompts.
+    """
+
+    ref: int
+    meta: DocMeta
+    response: Response
+    own: list[Match]
+    sent: dict[tuple[str, int], list[Match]]
+    served: dict[tuple[str, int], list[Match]]
+
+    def refs(self) -> set[int]:
+        every = [self.own, *self.sent.values(), *self.served.values()]
+        return {m.source_doc for ms in every for m in ms}
+
+
 class Matcher:
-    def __init__(self, index: Index, known: KnownFingerprints, thresholds: Thresholds, exact: Thresholds) -> None:
-        """``exact`` judges responses fingerprinted with every shingle (w = 1): their runs have
-        their true length, where winnowing's fall short of it, so they need other thresholds."""
+    def __init__(self, index: Index, known: KnownFingerprints, thresholds: Thresholds) -> None:
         self._index = index
         self._known = known
         self._t = thresholds
-        self._exact = exact
 
     @tracing.traced("match")
     async def evaluate(
@@ -121,7 +148,7 @@ class Matcher:
         found = {ref: metas[ref] for ref in wanted if ref in metas}
         found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
         todo = [
-            (tenant_ref, meta, meta.values)
+            (ref, tenant_ref, meta)
             for ref, tenant_ref in sorted(wanted.items())
             if (meta := found.get(ref)) is not None and meta.values is not None and meta.offsets is not None
         ]  # the others aged out of the window
@@ -129,62 +156,53 @@ class Matcher:
             return []
         # One lookup for all of them: a response's fingerprints spread over most shards, so
         # looking them up together reads each shard's filters once, not once per response.
-        everything = await self._index.lookup(ns, np.concatenate([values for _, _, values in todo]), now)
+        values = [meta.values for _, _, meta in todo if meta.values is not None]
+        everything = await self._index.lookup(ns, np.concatenate(values), now)
+        # Classifying and judging are CPU work: in a thread, so the event loop keeps answering.
+        judged = await asyncio.to_thread(_classify_all, todo, everything, known)
+        refs = sorted(set().union(*(c.refs() for c in judged)))
+        sources = await self._sources(ns, refs, known, now)
+        drafts = await asyncio.to_thread(self._judge_all, ns, judged, sources)
+        return drafts
+
+    def _judge_all(self, ns: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
         drafts = []
-        start = 0
-        for tenant_ref, meta, values in todo:
-            lookups = everything[start : start + len(values)]
-            start += len(values)
-            draft = await self._evaluate(ns, tenant_ref, meta, lookups, known, now)
+        for candidate in judged:
+            budget = Budget()
+            draft = self._judge(ns, candidate, sources, budget)
+            if budget.cut:
+                metrics.MATCH_BUDGET_CUT.inc(budget.cut)
             if draft is not None:
                 drafts.append(draft)
         return drafts
 
-    async def _evaluate(
-        self, ns: str, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, now: float
-    ) -> FindingDraft | None:
-        assert meta.values is not None
-        assert meta.offsets is not None
-        t = self._exact if every_shingle(meta.params) else self._t
-        matches: dict[tuple[str, int], list[Match]] = {}  # by ("tenant", ref) or ("canary", id)
-        allowed = known.allowed(meta.values)
-        canary_pos = known.canaries.find(meta.values)
-        counted = ~allowed  # fingerprints that could be evidence (for run purity)
-        for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
-            if allowed[i]:
-                continue
-            if canary_pos[i] >= 0:
-                cid = int(known.canaries.canary_ids[canary_pos[i]])
-                if known.canaries.tenants[cid] != meta.tenant:
-                    source_offset = int(known.canaries.offsets[canary_pos[i]])
-                    matches.setdefault(("canary", cid), []).append(Match(offset, -cid, source_offset))
-                continue
-            if found.entries is None:
-                counted[i] = False
-                continue  # common: shared by many tenants
-            if any(e.tenant == recipient and e.kinds & Kind.PROMPT for e in found.entries):
-                counted[i] = False
-                continue  # self-echo: the recipient sent this text itself
-            for e in found.entries:
-                if e.tenant != recipient and e.kinds & Kind.PROMPT:  # leaks come from prompts
-                    matches.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
-        if not matches:
-            return None
-        sources = await self._sources(ns, matches, known, now)
-        blind = meta.offsets[~counted].tolist()  # common, allowlisted, self-echo: unseen by every source
-        params = {doc: s.params for doc, s in sources.items()}
+    def _judge(self, ns: str, c: Candidate, sources: dict[int, Source], budget: Budget) -> FindingDraft | None:
+        meta = c.meta
+        params = {ref: s.params for ref, s in sources.items() if ref in sources}
+        n = meta.params.n
+        # Prompts are winnowed: who sent a stretch of the response is known at a few of its
+        # fingerprints, and holds for the whole piece they make.
+        own = [m for m in c.own if m.source_doc in params]
+        mine = spans(pieces(own, holes(c.response, own, params), params, n))
+        c.response.blind_within(mine)
+        sent = {k: outside(ms, mine) for k, ms in c.sent.items()}
+        theirs = spans([p for ms in sent.values() if ms for p in pieces(ms, holes(c.response, ms, params), params, n)])
+        matches = dict(sent)
+        for key, ms in c.served.items():
+            kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), meta, c.ref, m.source_doc)], mine)
+            # Text another tenant sent came from its prompt, whoever else was served it since.
+            matches[key] = matches.get(key, []) + outside(kept, theirs)
         summaries = []
-        for ms in matches.values():
-            kept = [m for m in ms if m.source_doc in sources]
-            found_runs = scored_runs(kept, meta.values, meta.offsets, counted, meta.params, params, t)
-            gaps = holes(meta.values, meta.offsets, counted, kept, params)
-            copied = copies(found_runs, t, meta.params.n, meta.params.w, gaps, blind)
-            if kept and is_finding(copied, t):
-                summaries.append(_summarise(kept, found_runs, longest(copied), sources, meta.token_count))
+        for key, ms in matches.items():
+            kept = [m for m in ms if m.source_doc in params]
+            copied = evaluate(c.response, kept, params, budget)
+            if is_finding(copied, self._t):
+                good = [x for x in copied if x.score >= self._t.min_score]
+                summaries.append(_summarise(key, kept, good, sources, meta.token_count, n))
         if not summaries:
             return None
         # Canaries first, then the source with the most evidence.
-        summaries.sort(key=lambda s: (s.canary, s.matched, s.longest), reverse=True)
+        summaries.sort(key=lambda s: (s.canary, s.best, s.matched), reverse=True)
         top = summaries[0]
         ctx = meta.context
         return FindingDraft(
@@ -202,7 +220,7 @@ class Matcher:
             matched_fingerprints=top.matched,
             longest_run_words=top.longest,
             score=top.coverage,
-            severity=severity(top.longest, t, canary=top.canary),
+            severity=severity(top.longest, self._t, canary=top.canary),
             evidence={
                 "scheme": {"n": meta.params.n, "w": meta.params.w},
                 "sources": [s.as_json() for s in summaries],
@@ -210,24 +228,82 @@ class Matcher:
             matched_values=_matched_values(meta, top.offsets),
         )
 
-    async def _sources(
-        self, ns: str, matches: dict[tuple[str, int], list[Match]], known: Known, now: float
-    ) -> dict[int, Source]:
-        refs = sorted({m.source_doc for ms in matches.values() for m in ms})
+    async def _sources(self, ns: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
         docs = await self._index.get_docs(ns, [r for r in refs if r > 0], now)
-        out = {ref: Source(d.tenant, d.request_id, kind_name(d.kind), d.params) for ref, d in docs.items()}
+        out = {
+            ref: Source(d.tenant, d.request_id, kind_name(d.kind), d.params, d.ts, bool(d.kind & Kind.RESPONSE))
+            for ref, d in docs.items()
+        }
         for ref in refs:
             if ref < 0:
                 cid = -ref
                 label = known.canaries.labels[cid]
-                out[ref] = Source(known.canaries.tenants[cid], f"canary:{label}", "canary", CANARY_PARAMS, True)
+                out[ref] = Source(known.canaries.tenants[cid], f"canary:{label}", "canary", CANARY_PARAMS, canary=True)
         return out
+
+
+def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int) -> bool:
+    """An answer may be the source only of one served after it: a later timestamp, or the same and a later
+    arrival (refs grow with it). A source that aged out of the window is no longer known."""
+    return source is not None and (source.ts, source_ref) < (meta.ts, ref)
+
+
+def _classify_all(todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known) -> list[Candidate]:
+    out = []
+    start = 0
+    for ref, tenant_ref, meta in todo:
+        assert meta.values is not None
+        lookups = everything[start : start + len(meta.values)]
+        start += len(meta.values)
+        out.append(_classify(ref, tenant_ref, meta, lookups, known))
+    return out
+
+
+def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known) -> Candidate:
+    """Each fingerprint of the response: blind, or who had it, in a prompt or in an answer."""
+    assert meta.values is not None
+    assert meta.offsets is not None
+    own: list[Match] = []
+    sent: dict[tuple[str, int], list[Match]] = {}
+    served: dict[tuple[str, int], list[Match]] = {}
+    blind = known.allowed(meta.values)
+    canary_pos = known.canaries.find(meta.values)
+    for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
+        if blind[i]:
+            continue
+        if canary_pos[i] >= 0:
+            cid = int(known.canaries.canary_ids[canary_pos[i]])
+            if known.canaries.tenants[cid] != meta.tenant:
+                source_offset = int(known.canaries.offsets[canary_pos[i]])
+                sent.setdefault(("canary", cid), []).append(Match(offset, -cid, source_offset))
+            continue
+        if found.entries is None:
+            blind[i] = True
+            continue  # common: shared by many tenants
+        mine = next((e for e in found.entries if e.tenant == recipient), None)
+        if mine is not None and mine.kinds & Kind.PROMPT:
+            own.append(Match(offset, mine.doc, mine.offset))  # self-echo: the recipient sent this text
+            continue
+        others = [e for e in found.entries if e.tenant != recipient]
+        senders = [e for e in others if e.kinds & Kind.PROMPT]
+        for e in senders:
+            sent.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
+        if senders:
+            continue
+        # Text only ever served is another tenant's answer only if one other tenant had it, and
+        # the recipient had not: what the model says to several tenants, or again, is its own.
+        if len(others) == 1 and (mine is None or mine.doc == ref):
+            served.setdefault(("tenant", others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
+        elif others:
+            blind[i] = True
+    return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served)
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
     tenant: str
     canary: bool
+    best: int  # the best copy's score
     matched: int
     longest: int
     coverage: float
@@ -248,29 +324,35 @@ class Summary:
 
 
 def _summarise(
-    matches: list[Match], found: list[Run], longest_copy: int, sources: dict[int, Source], tokens: int
+    key: tuple[str, int], matches: list[Match], copied: list[Copy], sources: dict[int, Source], tokens: int, n: int
 ) -> Summary:
+    found = sorted({p for c in copied for p in c.pieces}, key=lambda p: (p.start, p.source_doc))
     first = sources[found[0].source_doc]
+    inside = [m for m in matches if any(_within(m, p, n) for p in found)]
     return Summary(
         tenant=first.tenant,
-        canary=first.canary,
-        matched=len(matches),
-        longest=longest_copy,
+        canary=key[0] == "canary",
+        best=max(c.score for c in copied),
+        matched=sum(p.fingerprints for p in found),
+        longest=longest(copied),
         coverage=round(coverage(found, tokens), 4),
-        request_ids=sorted({sources[r.source_doc].request_id for r in found}),
-        offsets=tuple(m.response_offset for m in matches),
+        request_ids=sorted({sources[p.source_doc].request_id for p in found}),
+        offsets=tuple(m.response_offset for m in inside),
         ranges=[
             {
-                "response": [r.start, r.end],
-                "source_request_id": sources[r.source_doc].request_id,
-                "source_kind": sources[r.source_doc].kind,
-                "source": [r.source_start, r.source_end],
-                "fingerprints": r.fingerprints,
-                "purity": round(r.purity, 3),
+                "response": [p.start, p.end],
+                "source_request_id": sources[p.source_doc].request_id,
+                "source_kind": sources[p.source_doc].kind,
+                "source": [p.source_start, p.source_end],
+                "fingerprints": p.fingerprints,
             }
-            for r in found
+            for p in found
         ],
     )
+
+
+def _within(m: Match, p: Piece, n: int) -> bool:
+    return m.source_doc == p.source_doc and p.start <= m.response_offset <= p.end - n
 
 
 def _matched_values(meta: DocMeta, offsets: tuple[int, ...]) -> list[int]:

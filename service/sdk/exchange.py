@@ -57,8 +57,9 @@ def fingerprint_exchange(
             "w": params.w,
             "sample_after": params.sample_after,
             "sample_mod": params.sample_mod,
+            "response_w": params.response_w,
         },
         "prompt": _text(fingerprint_text(prompt, key, params)),
-        "response": _text(fingerprint_text(response, key, params)),
+        "response": _text(fingerprint_text(response, key, params.for_response())),
         "meta": dict(meta or {}),
     }

@@ -108,9 +108,9 @@ for s, base in ipairs(KEYS) do
         local self_prompt = mine and band(mine[3], PROMPT) == PROMPT
         for _, t in ipairs(tenants) do
           local e = merged[t]
-          -- A leak goes from a prompt to another tenant's response (memory.py's _counts).
+          -- What may be a leak, either way (memory.py's _counts).
           local hit
-          if kind == RESPONSE then hit = band(e[3], PROMPT) == PROMPT and not self_prompt
+          if kind == RESPONSE then hit = not self_prompt
           else hit = e[3] == RESPONSE end
           if t ~= tenant and hit then
             local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]

@@ -1,0 +1,103 @@
+"""The evaluation's traffic through the service's own ingest path, in process: for tuning.
+
+``Ingestor.process`` on the embedded index (the same contract as Redis: tests/test_index_contract.py)
+with findings collected in memory instead of a database: minutes instead of most of an hour,
+so a rule can be tried on several seeds and families. Numbers that are reported come from
+``run.py`` on Redis and PostgreSQL; this only decides what is worth that run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any, cast
+
+import numpy as np
+import orjson
+
+from bench.eval.traffic import Traffic, wire
+from service.app import thresholds
+from service.config import Settings
+from service.fingerprint.scheme import Params, fingerprint_text
+from service.index.memory import MemoryIndex
+from service.index.window import Window
+from service.ingest.decode import Limits
+from service.ingest.outbox import FindingsWriter, Written
+from service.ingest.service import Ingestor
+from service.matching.known import NO_CANARIES, Known, KnownFingerprints
+from service.matching.matcher import FindingDraft, Matcher
+from service.sdk.exchange import fingerprint_exchange
+
+# The traffic's clock: an exchange a hundredth of a second, ending before the replay starts.
+SECONDS_PER_EXCHANGE = 0.01
+
+
+class _Allowlist(KnownFingerprints):
+    def __init__(self, values: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
+        self._known = Known(np.unique(values), NO_CANARIES)
+
+    async def get(self, ns: str) -> Known:
+        return self._known
+
+
+class _Collect(FindingsWriter):
+    """Findings are upserts on the recipient's request: the last draft of each is what the database holds."""
+
+    def __init__(self) -> None:
+        self.drafts: dict[str, FindingDraft] = {}
+
+    async def write(self, drafts: list[FindingDraft]) -> Written | None:
+        for d in drafts:
+            self.drafts[d.recipient_request_id] = d
+        return None
+
+
+def allowlist(texts: list[str], key: bytes, params: Params) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """Fingerprints of ``texts`` with every shingle, as ``bleedwatch allowlist add`` stores them."""
+    every = Params(n=params.n, w=1, sample_mod=1)
+    parts = [fingerprint_text(t, key, every).values for t in texts]
+    return np.concatenate(parts) if parts else np.empty(0, np.uint64)
+
+
+async def replay(
+    traffic: Traffic, key: bytes, params: Params, allowed: np.ndarray[Any, np.dtype[np.uint64]], batch: int = 100
+) -> tuple[list[dict[str, Any]], float]:
+    """Findings as ``GET /v1/findings`` shows them (the fields the scoring reads), and the seconds it took."""
+    settings = Settings()
+    start = time.time() - SECONDS_PER_EXCHANGE * (len(traffic.order) + 100)
+    index = MemoryIndex(
+        Window(settings.retention_seconds, settings.index_generations),
+        settings.common_prompt_tenants,
+        settings.common_tenants,
+    )
+    writer = _Collect()
+    matcher = Matcher(index, _Allowlist(allowed), thresholds(settings))
+    limits = Limits(
+        settings.max_batch_exchanges, settings.max_fingerprints_per_text, 10**9, None, settings.accepted_key_ids
+    )
+    ingestor = Ingestor(index, matcher, cast(Any, None), limits, writer)
+    started = time.perf_counter()
+    for first in range(0, len(traffic.order), batch):
+        exchanges = []
+        for ex in traffic.order[first : first + batch]:
+            w = wire(ex)
+            exchanges.append(
+                fingerprint_exchange(
+                    w["prompt"],
+                    w["response"],
+                    key=key,
+                    tenant=w["tenant"],
+                    request_id=w["request_id"],
+                    model="eval-model",
+                    ts=start + ex.ts * SECONDS_PER_EXCHANGE,
+                    params=params,
+                )
+            )
+        await ingestor.process(b"\n" + orjson.dumps({"exchanges": exchanges}))
+    return [_as_api(d) for d in writer.drafts.values()], time.perf_counter() - started
+
+
+def _as_api(d: FindingDraft) -> dict[str, Any]:
+    out = asdict(d)
+    out.pop("matched_values")
+    return out
