@@ -179,3 +179,12 @@ async def test_a_revoke_on_one_replica_is_seen_by_another_after_the_refresh(
     await asyncio.sleep(0.35)
     assert (await two.get(NS)).allowed(more).all()
     assert reads == 6
+
+    async with session_scope(sessions) as session:
+        await store.revoke(session, grown.id, "test")
+    await asyncio.sleep(0.35)
+    # Four batches at once: one reloads, the others match with the lists it replaces meanwhile.
+    results = await asyncio.gather(*(two.get(NS) for _ in range(4)))
+    assert [bool(r.allowed(more).any()) for r in results] == [False, True, True, True]
+    assert not (await two.get(NS)).allowed(more).any()
+    assert reads == 7

@@ -8,6 +8,8 @@ import) changes nothing and the entry's count stays exact.
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import numpy.typing as npt
 from sqlalchemy import func, select
@@ -106,10 +108,31 @@ async def version(session: AsyncSession, key_id: str) -> Version:
 
 
 async def active_values(session: AsyncSession, key_id: str) -> npt.NDArray[np.uint64]:
-    """Every fingerprint the key id's unrevoked entries allowlist, sorted and distinct."""
-    rows = await session.scalars(
-        select(AllowlistChunk.fingerprints)
+    """Every fingerprint the key id's unrevoked entries allowlist, sorted and distinct.
+
+    Chunks are streamed into one array sized by the first row (one statement, so the size and
+    the rows agree), then sorted in place: at peak about 9 bytes a fingerprint and one chunk,
+    17 if entries overlap, instead of every chunk's bytes besides two copies of the values.
+    """
+    query = (
+        select(AllowlistChunk.fingerprints, func.sum(AllowlistChunk.fingerprint_count).over())
         .join(AllowlistEntry, AllowlistEntry.id == AllowlistChunk.entry_id)
         .where(AllowlistEntry.key_id == key_id, AllowlistEntry.revoked_at.is_(None))
+        .execution_options(yield_per=1)
     )
-    return sorted_unique([unpack(data) for data in rows])
+    values = np.empty(0, dtype=np.uint64)
+    filled = 0
+    async for data, total in await session.stream(query):
+        if not len(values):
+            values = np.empty(int(total), dtype=np.uint64)
+        part = unpack(data)
+        values[filled : filled + len(part)] = part
+        filled += len(part)
+    return await asyncio.to_thread(_sorted_distinct, values[:filled])  # numpy sorts without the GIL
+
+
+def _sorted_distinct(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    values.sort()
+    if len(values) > 1 and bool((values[1:] == values[:-1]).any()):
+        return sorted_unique([values])
+    return values

@@ -10,6 +10,7 @@ checks at once. While the database is down the last lists read stay in use.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -72,33 +73,48 @@ class _Cached:
 
 
 class KnownFingerprints:
+    """Per key id, the lists as last read. One check at a time per key id: while one runs (a
+    reload of millions of fingerprints takes a second or two), other batches match with the
+    lists it is replacing, so a change never costs several copies of them at once."""
+
     def __init__(self, sessions: async_sessionmaker[AsyncSession], ttl_seconds: float) -> None:
         self._sessions = sessions
         self._ttl = ttl_seconds
         self._cache: dict[str, _Cached] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._invalidated: set[str] = set()
 
     def invalidate(self, ns: str) -> None:
         """Check this key id's lists on the next ``get``: this replica has just changed one."""
+        self._invalidated.add(ns)  # a check already running may have read before the change
         cached = self._cache.get(ns)
         if cached is not None:
             cached.checked_until = 0.0
 
     async def get(self, ns: str) -> Known:
-        now = time.monotonic()
         cached = self._cache.get(ns)
-        if cached is not None and cached.checked_until > now:
+        if cached is not None and cached.checked_until > time.monotonic():
             return cached.known
-        try:
-            async with session_scope(self._sessions) as session:
-                fresh = await _read(session, ns, cached)
-        except DB_DOWN:
-            if cached is None:
-                raise
-            cached.checked_until = now + self._ttl  # stale if error: keep matching with the last lists we read
+        lock = self._locks.setdefault(ns, asyncio.Lock())
+        if cached is not None and lock.locked():
             return cached.known
-        fresh.checked_until = now + self._ttl
-        self._cache[ns] = fresh
-        return fresh.known
+        async with lock:
+            cached = self._cache.get(ns)
+            now = time.monotonic()
+            if cached is not None and cached.checked_until > now:
+                return cached.known  # checked while this task waited
+            self._invalidated.discard(ns)
+            try:
+                async with session_scope(self._sessions) as session:
+                    fresh = await _read(session, ns, cached)
+            except DB_DOWN:
+                if cached is None:
+                    raise
+                cached.checked_until = now + self._ttl  # stale if error: keep matching with the last lists we read
+                return cached.known
+            fresh.checked_until = 0.0 if ns in self._invalidated else now + self._ttl
+            self._cache[ns] = fresh
+            return fresh.known
 
 
 async def _read(session: AsyncSession, ns: str, cached: _Cached | None) -> _Cached:
