@@ -71,7 +71,7 @@ class EntryUpload:
         self.entry = entry  # as bleedwatch last answered; None until the first chunk is sent
         self.texts = 0
         self.sent = 0
-        self._sent: list[npt.NDArray[np.uint64]] = []  # sorted, disjoint
+        self._sent: list[npt.NDArray[np.uint64]] = []  # sorted, disjoint, decreasing in size
         self._pending: list[npt.NDArray[np.uint64]] = []
         self._pending_count = 0
 
@@ -101,11 +101,21 @@ class EntryUpload:
                 self.entry = check(self.client.post("/v1/allowlist", json=body | self._head()))
             else:
                 self.entry = check(self.client.post(f"/v1/allowlist/{self.entry['id']}/fingerprints", json=body))
-            self._sent.append(part)
+            self._remember(part)
             self.sent += len(part)
             start += len(part)
         self._pending = [new[start:]]
         self._pending_count = len(new) - start
+
+    def _remember(self, part: npt.NDArray[np.uint64]) -> None:
+        """Keep what was sent as a few sorted arrays, merged like a binary counter: each later
+        chunk is checked against log2(chunks) of them, and each value is merged log2 times."""
+        self._sent.append(part)
+        while len(self._sent) > 1 and len(self._sent[-2]) < 2 * len(self._sent[-1]):
+            last = self._sent.pop()
+            merged = np.concatenate([self._sent.pop(), last])
+            merged.sort(kind="stable")  # two sorted runs: timsort merges them in linear time
+            self._sent.append(merged)
 
     def _head(self) -> dict[str, str]:
         return {"key_id": self.key_id, "label": self.label}
