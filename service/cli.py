@@ -1,4 +1,4 @@
-"""``bleedwatch``: serve, migrate, replay, keys, prune, tenants, demo."""
+"""``bleedwatch``: serve, migrate, replay, allowlist, canary, keys, prune, tenants, queue, demo."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from service.auth.keys import Role
+from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.sim.cli import add_parser as add_sim_parser
 
 
@@ -105,15 +106,34 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _allowlist(args: argparse.Namespace) -> int:
-    from service.probe import allowlist_add
+    from service.allowlist.public import BundleMissing
+    from service.probe import allowlist_add, import_public
 
     keys = _client_args(args, "admin")
     if keys is None:
         return 2
-    for entry in allowlist_add(
-        [Path(f) for f in args.files], url=args.url, api_key=keys[1], key=keys[0], label=args.label
-    ):
-        print(f"allowlist entry {entry['id']}: {entry['label']} ({entry['fingerprint_count']} fingerprints)")
+    key, api_key = keys
+    if args.allowlist_command == "add":
+        result = allowlist_add(
+            [Path(p) for p in args.paths], url=args.url, api_key=api_key, key=key, label=args.label, n=args.n, w=args.w
+        )
+        done = "added"
+    else:
+        try:
+            result = import_public(url=args.url, api_key=api_key, key=key, n=args.n, w=args.w)
+        except BundleMissing as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        done = "added" if result.sent else "already imported, nothing sent"
+    if result.entry is None:
+        print(f"nothing to allowlist: {result.texts} texts gave no fingerprints ({result.seconds:.1f} s)")
+        return 0
+    e = result.entry
+    print(
+        f"allowlist entry {e['id']} ({e['label']}): {done}; {result.texts:,} texts, "
+        f"{result.fingerprints:,} distinct fingerprints, {e['fingerprint_count']:,} in the entry; "
+        f"{result.seconds:.1f} s"
+    )
     return 0
 
 
@@ -180,10 +200,18 @@ def parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("allowlist", help="allowlist public text (fingerprinted here; only hashes are sent)")
     asub = a.add_subparsers(dest="allowlist_command", required=True)
-    aa = asub.add_parser("add")
-    aa.add_argument("files", nargs="+")
-    aa.add_argument("--label", help="default: the file name")
-    _add_client_flags(aa)
+    aa = asub.add_parser("add", help="files and directories (recursively) as one entry")
+    aa.add_argument("paths", nargs="+", metavar="PATH")
+    aa.add_argument("--label", help="default: the first path's name")
+    ai = asub.add_parser(
+        "import-public",
+        help="license texts and notices of the ScanCode LicenseDB (pip install 'licensedcode-data>=32'); "
+        "once per bundle version and key id",
+    )
+    for cmd in (aa, ai):
+        _add_client_flags(cmd)
+        cmd.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="the gateways' shingle length")
+        cmd.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="the gateways' winnowing window")
     a.set_defaults(func=_allowlist)
 
     c = sub.add_parser("canary", help="probe an OpenAI-compatible endpoint with canary prompts")

@@ -1,6 +1,6 @@
-"""``bleedwatch allowlist add`` and ``bleedwatch canary probe``: gateway-side helpers.
+"""``bleedwatch allowlist add``, ``allowlist import-public`` and ``canary probe``: gateway-side helpers.
 
-Both fingerprint locally with the gateway's key and send bleedwatch fingerprints only.
+All fingerprint locally with the gateway's key and send bleedwatch fingerprints only.
 """
 
 from __future__ import annotations
@@ -13,27 +13,37 @@ from typing import Any
 
 import httpx
 
+from service.allowlist import public
+from service.allowlist.packed import sorted_unique
+from service.allowlist.upload import EntryUpload, blocks, check, every_shingle, text_files
 from service.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params, fingerprint_text, key_id
 
-# Allowlisted and canary text is fingerprinted whole: a sampled text's fingerprints are a subset.
+# Canary text is fingerprinted whole: a sampled text's fingerprints are a subset.
 UNSAMPLED = Params(n=DEFAULT_PARAMS.n, w=DEFAULT_PARAMS.w, sample_mod=1)
 
 
-def _check(resp: httpx.Response) -> dict[str, Any]:
-    if resp.status_code >= 400:
-        try:
-            body = resp.json()
-            detail = f"{body.get('error')}: {body.get('detail')}"
-        except ValueError:
-            detail = resp.text[:200]
-        raise RuntimeError(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code} {detail}")
-    data: dict[str, Any] = resp.json()
-    return data
+@dataclass(frozen=True, slots=True)
+class AllowlistResult:
+    entry: dict[str, Any] | None  # None: nothing to allowlist (every text too short), or nothing new
+    texts: int
+    fingerprints: int  # distinct fingerprints of the texts
+    sent: int  # ... of which sent in this run
+    seconds: float
+
+
+def _client(url: str, api_key: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=120)
+
+
+def _label(paths: list[Path]) -> str:
+    names = [p.name or str(p) for p in paths]
+    label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
+    return label[:256]
 
 
 def allowlist_add(
-    files: list[Path],
+    paths: list[Path],
     *,
     url: str,
     api_key: str,
@@ -41,20 +51,48 @@ def allowlist_add(
     label: str | None,
     n: int = DEFAULT_PARAMS.n,
     w: int = DEFAULT_PARAMS.w,
-) -> list[dict[str, Any]]:
-    """Allowlist each file's text under the key id of (key, n, w): the gateways' parameters."""
-    params = Params(n=n, w=w, sample_mod=1)
-    out = []
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as client:
-        for path in files:
-            fp = fingerprint_text(path.read_text(errors="replace"), key, params)
-            body = {
-                "key_id": key_id(key, params),
-                "label": label or path.name,
-                "fingerprints": encode(fp.values, U64_LE),
-            }
-            out.append(_check(client.post("/v1/allowlist", json=body)))
-    return out
+) -> AllowlistResult:
+    """Allowlist the text of files and directories (recursively) as one entry, for gateways using (n, w)."""
+    start = time.perf_counter()
+    with _client(url, api_key) as client:
+        upload = EntryUpload(client, key, Params(n=n, w=w), label or _label(paths))
+        for path in text_files(paths):
+            for piece in blocks(path):
+                upload.add(piece)
+        entry = upload.finish()
+    return AllowlistResult(entry, upload.texts, upload.sent, upload.sent, time.perf_counter() - start)
+
+
+def import_public(
+    *,
+    url: str,
+    api_key: str,
+    key: bytes,
+    n: int = DEFAULT_PARAMS.n,
+    w: int = DEFAULT_PARAMS.w,
+    bundle: public.Bundle | None = None,
+) -> AllowlistResult:
+    """Allowlist the public-text bundle (service/allowlist/public.py) once per bundle version and key id.
+
+    An unrevoked entry with the bundle's label and as many fingerprints as the bundle gives is
+    left alone; one with fewer (an import cut short) is completed, since bleedwatch keeps only
+    the values an entry lacks. Raises ``public.BundleMissing`` if the bundle is not installed.
+    """
+    start = time.perf_counter()
+    b = bundle or public.bundle()
+    gateway = Params(n=n, w=w)
+    parts = [fingerprint_text(t.text, key, every_shingle(gateway)).values for t in b.texts()]
+    texts, values = len(parts), sorted_unique(parts)
+    with _client(url, api_key) as client:
+        params = {"key_id": key_id(key, gateway), "label": b.label}
+        found = [e for e in check(client.get("/v1/allowlist", params=params))["items"] if e["revoked_at"] is None]
+        entry = found[-1] if found else None  # the oldest: listed newest first
+        if entry is not None and entry["fingerprint_count"] == len(values):
+            return AllowlistResult(entry, texts, len(values), 0, time.perf_counter() - start)
+        upload = EntryUpload(client, key, gateway, b.label, entry=entry)
+        upload.add_values(values)
+        entry = upload.finish()
+    return AllowlistResult(entry, texts, len(values), upload.sent, time.perf_counter() - start)
 
 
 def canary_text(tokens: int) -> str:
@@ -102,7 +140,7 @@ def canary_probe(
         },
     }
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as client:
-        canary = _check(client.post("/v1/canaries", json=body))
+        canary = check(client.post("/v1/canaries", json=body))
     start = time.perf_counter()
     with httpx.Client(timeout=600) as engine:
         resp = engine.post(

@@ -29,6 +29,7 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/queue"): READERS,
     ("GET", "/v1/findings/{finding_id}"): READERS,
     ("POST", "/v1/allowlist"): ADMIN,
+    ("POST", "/v1/allowlist/{entry_id}/fingerprints"): ADMIN,
     ("GET", "/v1/allowlist"): ADMIN,
     ("DELETE", "/v1/allowlist/{entry_id}"): ADMIN,
     ("POST", "/v1/canaries"): ADMIN,

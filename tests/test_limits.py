@@ -83,6 +83,7 @@ async def test_every_json_endpoint_wants_json_and_bounded_strings(api: Api) -> N
         ("PATCH", "/v1/incidents/1"),
         ("PUT", "/v1/deployments/pd-1"),
         ("POST", "/v1/allowlist"),
+        ("POST", "/v1/allowlist/1/fingerprints"),
         ("POST", "/v1/signals"),
         ("POST", "/v1/exchanges"),
     ):

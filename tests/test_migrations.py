@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+import psycopg
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from service.config import Settings
 from service.migrate import alembic_config, upgrade
+from tests.conftest import DATABASE_URL, RUN_ID, _with_schema
 
 
 def test_models_match_migrations_on_sqlite(tmp_path: Path) -> None:
@@ -37,3 +43,55 @@ def test_downgrade_to_base_and_up_again(tmp_path: Path) -> None:
 def test_unknown_database_scheme_is_refused() -> None:
     with pytest.raises(ValueError, match="postgresql:// or sqlite://"):
         Settings(database_url="mysql://x/y").sqlalchemy_url(asynchronous=True)
+
+
+@contextmanager
+def _pg_schema(name: str) -> Iterator[str]:
+    schema = f"bw_test_{RUN_ID}_{name}"
+    with psycopg.connect(DATABASE_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield _with_schema(DATABASE_URL, schema)
+    finally:
+        with psycopg.connect(DATABASE_URL, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+    """An empty database of either kind, for migrating step by step."""
+    if request.param == "sqlite":
+        yield Settings(database_url=None, data_dir=tmp_path)
+        return
+    request.getfixturevalue("pg_url")  # PostgreSQL is reachable
+    with _pg_schema("steps") as url:
+        yield Settings(database_url=url)
+
+
+def test_0005_packs_allowlist_rows_into_chunks_and_back(fresh: Settings) -> None:
+    cfg = alembic_config(fresh)
+    upgrade(fresh, "0004")
+    engine = create_engine(fresh.sqlalchemy_url(asynchronous=False))
+    values = [-(2**63), -1, 0, 5, 2**63 - 1]  # the u64 fingerprints 2^63, 2^64 - 1, 0, 5, 2^63 - 1 as BIGINT
+    with engine.begin() as conn:
+        for entry_id, label in ((1, "a"), (2, "b")):
+            conn.execute(
+                text(
+                    "INSERT INTO allowlist_entries (id, key_id, label, origin, fingerprint_count, created_at,"
+                    " created_by) VALUES (:id, '00112233445566aa', :label, 'import', :n, :at, 'k')"
+                ),
+                {"id": entry_id, "label": label, "n": len(values) if entry_id == 1 else 0, "at": datetime.now(UTC)},
+            )
+        conn.execute(
+            text("INSERT INTO allowlist_fingerprints (entry_id, value) VALUES (1, :v)"), [{"v": v} for v in values]
+        )
+    upgrade(fresh)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT entry_id, seq, fingerprint_count, fingerprints FROM allowlist_chunks")).all()
+    assert [(r[0], r[1], r[2]) for r in rows] == [(1, 0, 5)]  # an entry without fingerprints has no chunk
+    assert np.frombuffer(rows[0][3], dtype="<u8").tolist() == [0, 5, 2**63 - 1, 2**63, 2**64 - 1]  # sorted unsigned
+    command.downgrade(cfg, "0004")
+    with engine.connect() as conn:
+        back = conn.execute(text("SELECT entry_id, value FROM allowlist_fingerprints ORDER BY value")).all()
+    assert [tuple(r) for r in back] == [(1, v) for v in values]
+    engine.dispose()

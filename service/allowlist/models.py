@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String
+from sqlalchemy import ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db import Base, BigIntId, UTCDateTime
@@ -11,7 +11,10 @@ from service.db import Base, BigIntId, UTCDateTime
 class AllowlistEntry(Base):
     """A set of fingerprints that never make a finding: public text, or a confirmed false positive.
 
-    Entries are revoked, never deleted, so what was suppressed when stays auditable.
+    Entries are revoked, never deleted, so what was suppressed when stays auditable. An imported
+    entry may be built from several requests (``POST /v1/allowlist/{id}/fingerprints``), so a
+    corpus larger than one request body is still one entry; ``fingerprint_count`` is its distinct
+    fingerprints so far.
     """
 
     __tablename__ = "allowlist_entries"
@@ -28,8 +31,18 @@ class AllowlistEntry(Base):
     revoked_by: Mapped[str | None] = mapped_column(String(24))
 
 
-class AllowlistFingerprint(Base):
-    __tablename__ = "allowlist_fingerprints"
+class AllowlistChunk(Base):
+    """Part of an entry's fingerprints, packed: sorted distinct little-endian uint64, 8 bytes each.
+
+    One row per fingerprint cost about 60 bytes of heap and index each in PostgreSQL and made
+    every replica's reload a query of millions of rows; packed, a million fingerprints are 8 MB
+    in a few rows that a reload reads as bytes. A chunk holds at most ``store.CHUNK_FINGERPRINTS``
+    and none of the entry's earlier chunks' values, so an entry's count is the sum of its chunks'.
+    """
+
+    __tablename__ = "allowlist_chunks"
 
     entry_id: Mapped[int] = mapped_column(ForeignKey("allowlist_entries.id", ondelete="CASCADE"), primary_key=True)
-    value: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # the u64 fingerprint as signed BIGINT
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0, 1, ... in the order they were added
+    fingerprint_count: Mapped[int] = mapped_column(Integer)
+    fingerprints: Mapped[bytes] = mapped_column(LargeBinary)

@@ -10,6 +10,10 @@ from service.ingest.schemas import KeyId
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
+Fingerprints = str | list[Annotated[int, Field(ge=0, lt=2**64)]]
+FINGERPRINTS_DOC = "Base64 of little-endian uint64 (or a JSON list); duplicates are stored once."
+
+
 class AllowlistIn(BaseModel):
     """Fingerprints of public text, made by ``bleedwatch allowlist add`` with the gateway key."""
 
@@ -17,7 +21,15 @@ class AllowlistIn(BaseModel):
 
     key_id: KeyId
     label: Label = Field(description="What the text is, e.g. 'GPL-3.0 license text'.")
-    fingerprints: str | list[Annotated[int, Field(ge=0, lt=2**64)]]
+    fingerprints: Fingerprints = Field(description=FINGERPRINTS_DOC)
+
+
+class AllowlistMoreIn(BaseModel):
+    """More of an entry's fingerprints: a corpus larger than one request is sent in several."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprints: Fingerprints = Field(description=FINGERPRINTS_DOC)
 
 
 class AllowlistOut(BaseModel):

@@ -1,21 +1,25 @@
 """Fingerprints the matcher must treat specially: the allowlist and the canaries.
 
 Both live in the database (they are configuration, kept and audited) and are read here into
-sorted arrays per key id, refreshed every ``ttl_seconds`` so every replica converges on the
-same lists without a round trip per batch. A replica that changed a list refreshes at once.
+sorted arrays per key id. Every ``ttl_seconds`` a replica asks the database whether either list
+changed (one aggregate over the key id's entries) and re-reads only the one that did: an
+allowlist of millions of fingerprints is read when it changes, not every refresh. Every
+replica converges on the same lists within ``ttl_seconds``; a replica that changed a list
+checks at once. While the database is down the last lists read stay in use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from service.allowlist.models import AllowlistEntry, AllowlistFingerprint
+from service.allowlist import store as allowlist
 from service.auth.keys import DB_DOWN
 from service.canaries.models import Canary, CanaryFingerprint
 from service.db import session_scope
@@ -60,38 +64,88 @@ class Known:
         return positions(self.allowlist, values) >= 0
 
 
+@dataclass(slots=True)
+class _Cached:
+    checked_until: float  # monotonic time of the next version check
+    allowlist_version: allowlist.Version
+    canary_version: allowlist.Version
+    known: Known
+
+
 class KnownFingerprints:
+    """Per key id, the lists as last read. One check at a time per key id: while one runs (a
+    reload of millions of fingerprints takes a second or two), other batches match with the
+    lists it is replacing, so a change never costs several copies of them at once."""
+
     def __init__(self, sessions: async_sessionmaker[AsyncSession], ttl_seconds: float) -> None:
         self._sessions = sessions
         self._ttl = ttl_seconds
-        self._cache: dict[str, tuple[float, Known]] = {}
+        self._cache: dict[str, _Cached] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._invalidated: set[str] = set()
 
     def invalidate(self, ns: str) -> None:
-        self._cache.pop(ns, None)
+        """Check this key id's lists on the next ``get``: this replica has just changed one."""
+        self._invalidated.add(ns)  # a check already running may have read before the change
+        cached = self._cache.get(ns)
+        if cached is not None:
+            cached.checked_until = 0.0
 
     async def get(self, ns: str) -> Known:
-        now = time.monotonic()
         cached = self._cache.get(ns)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            async with session_scope(self._sessions) as session:
-                known = Known(await _allowlist(session, ns), await _canaries(session, ns))
-        except DB_DOWN:
-            if cached is None:
-                raise
-            known = cached[1]  # stale if error: keep matching with the last lists we read
-        self._cache[ns] = (now + self._ttl, known)
-        return known
+        if cached is not None and cached.checked_until > time.monotonic():
+            return cached.known
+        lock = self._locks.setdefault(ns, asyncio.Lock())
+        if cached is not None and lock.locked():
+            return cached.known
+        async with lock:
+            cached = self._cache.get(ns)
+            now = time.monotonic()
+            if cached is not None and cached.checked_until > now:
+                return cached.known  # checked while this task waited
+            self._invalidated.discard(ns)
+            try:
+                async with session_scope(self._sessions) as session:
+                    fresh = await _read(session, ns, cached)
+            except DB_DOWN:
+                if cached is None:
+                    raise
+                cached.checked_until = now + self._ttl  # stale if error: keep matching with the last lists we read
+                return cached.known
+            fresh.checked_until = 0.0 if ns in self._invalidated else now + self._ttl
+            self._cache[ns] = fresh
+            return fresh.known
 
 
-async def _allowlist(session: AsyncSession, ns: str) -> npt.NDArray[np.uint64]:
-    rows = await session.scalars(
-        select(AllowlistFingerprint.value)
-        .join(AllowlistEntry, AllowlistEntry.id == AllowlistFingerprint.entry_id)
-        .where(AllowlistEntry.key_id == ns, AllowlistEntry.revoked_at.is_(None))
-    )
-    return np.unique(from_signed(list(rows)))
+async def _read(session: AsyncSession, ns: str, cached: _Cached | None) -> _Cached:
+    """The key id's lists, re-reading only those whose version moved since ``cached``.
+
+    Versions are read before contents: a change committed in between is read now and, being a
+    newer version than the one kept, read once more on the next check; never missed.
+    """
+    allow_v = await allowlist.version(session, ns)
+    canary_v = await _canary_version(session, ns)
+    if cached is None:
+        known = Known(await allowlist.active_values(session, ns), await _canaries(session, ns))
+        return _Cached(0.0, allow_v, canary_v, known)
+    known = cached.known
+    if allow_v != cached.allowlist_version:
+        known = Known(await allowlist.active_values(session, ns), known.canaries)
+    if canary_v != cached.canary_version:
+        known = Known(known.allowlist, await _canaries(session, ns))
+    return _Cached(0.0, allow_v, canary_v, known)
+
+
+async def _canary_version(session: AsyncSession, ns: str) -> allowlist.Version:
+    active = Canary.revoked_at.is_(None)
+    row = (
+        await session.execute(
+            select(
+                func.count(Canary.id).filter(active), func.max(Canary.id).filter(active), func.max(Canary.revoked_at)
+            ).where(Canary.key_id == ns)
+        )
+    ).one()
+    return tuple(row)
 
 
 async def _canaries(session: AsyncSession, ns: str) -> CanarySet:
