@@ -87,9 +87,11 @@ class Copy:
 
 @dataclass
 class Budget:
-    """Join checks left for one response; ``cut`` counts scans the budget ended early (a metric)."""
+    """How far back a piece looks for a copy to continue; ``checks`` counts the looks, ``cut`` the
+    searches the budget ended early (a metric)."""
 
     predecessors: int = MAX_PREDECESSORS
+    checks: int = 0
     cut: int = 0
 
 
@@ -269,6 +271,7 @@ def copies(
         for i in range(j - 1, first - 1, -1):
             prior = best[i]
             last = prior.pieces[-1]
+            budget.checks += 1
             if not joins(last, piece, n, sources[piece.source_doc], gaps):
                 continue
             gained = piece.end - max(piece.start, last.end) - (n - 1)
