@@ -18,8 +18,9 @@ Families that read Debian files depend on the packages installed, the Python one
 build (and for docstrings and code on Debian's python3 packages); none on what the process imported.
 
 ``private_passages`` cuts the chosen families into passages and de-duplicates them as
-``corpus.py`` always has; ``public_texts`` and ``held_out_public_texts`` are public text tenants
-quote (licenses), in two sets with no text in common, one for each side of a split.
+``corpus.py`` always has, dropping also those that quote public text; ``public_texts`` and
+``held_out_public_texts`` are public text tenants quote (licenses), in two sets with no text in
+common, one for each side of a split.
 """
 
 from __future__ import annotations
