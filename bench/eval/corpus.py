@@ -8,27 +8,30 @@
   tenants quote in prompts and answers, and which the operator allowlists up front (the
   allowlist is how bleedwatch knows public text before three tenants have sent it);
 - templates: a few docstrings that groups of tenants use as their system prompt.
+
+This is the corpus the detection rules were tuned on, kept as it was so that earlier numbers can
+be reproduced (the same seed builds the same passages). An evaluation that can be reported
+without having been tuned on takes its text from ``families.py``: several genres, split into
+families to tune on and families held out.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import gzip
-import io
 import random
 from pathlib import Path
 
 from bench.corpus import docstrings
-from service.fingerprint.tokens import tokenize
+from bench.eval.families import COPY_TOKENS as COPY_TOKENS
+from bench.eval.families import EDIT_TOKENS as EDIT_TOKENS
+from bench.eval.families import PASSAGE_WORDS as PASSAGE_WORDS
+from bench.eval.families import SIDE_TOKENS as SIDE_TOKENS
+from bench.eval.families import changelog_entries, common_licenses, cut, dedup
+from bench.eval.families import copy_keys as copy_keys
+from bench.eval.families import near_copy_keys as near_copy_keys
 
-PASSAGE_WORDS = (60, 400)
-# Two passages are near-copies when they share two runs of ``SIDE_TOKENS`` tokens, in the same
-# order, with at most ``EDIT_TOKENS`` tokens between them on either side (see private_passages).
-SIDE_TOKENS = 4
-EDIT_TOKENS = 2
-# With near-copies kept, passages sharing this many tokens in a row are still copies, and dropped.
-COPY_TOKENS = 16
+_passages = cut
 
 
 def _pydoc_topics() -> list[list[str]]:
@@ -53,51 +56,13 @@ def _changelogs_by_package(limit_words: int) -> list[tuple[str, list[list[str]]]
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             continue
-        entries = []
         source = text.split(None, 1)[0] if text.strip() else Path(path).parent.name
-        for entry in text.split("\n\n"):
-            words = [w for w in entry.split() if not w.startswith("<") and "@" not in w]
-            if len(words) >= 30:
-                entries.append(words)
-                total += len(words)
+        entries = changelog_entries(text)
+        total += sum(map(len, entries))
         out.append((source, entries))
         if total >= limit_words:
             break
     return out
-
-
-def _passages(docs: list[list[str]], rng: random.Random) -> list[list[str]]:
-    out = []
-    for words in docs:
-        i = 0
-        while i < len(words):
-            size = rng.randint(*PASSAGE_WORDS)
-            piece = words[i : i + size]
-            if len(piece) >= PASSAGE_WORDS[0]:
-                out.append(piece)
-            i += size
-    return out
-
-
-def near_copy_keys(tokens: list[str]) -> set[tuple[str, ...]]:
-    """What two near-copies have in common: a pair of ``SIDE_TOKENS``-token runs with at most
-    ``EDIT_TOKENS`` tokens between them.
-
-    The gap is not part of the key, so two texts share one exactly when they share 8 tokens in a
-    row, or 8 tokens around one edit: up to 2 tokens substituted, inserted or removed ("fix race
-    when deleting *free space* / *quota* root from the dirty cow roots list").
-    """
-    side, keys = SIDE_TOKENS, set()
-    for i in range(len(tokens) - 2 * side + 1):
-        left = tuple(tokens[i : i + side])
-        for gap in range(min(EDIT_TOKENS, len(tokens) - i - 2 * side) + 1):
-            keys.add(left + tuple(tokens[i + side + gap : i + 2 * side + gap]))
-    return keys
-
-
-def copy_keys(tokens: list[str]) -> set[tuple[str, ...]]:
-    """What two copies have in common: ``COPY_TOKENS`` tokens in a row."""
-    return {tuple(tokens[i : i + COPY_TOKENS]) for i in range(len(tokens) - COPY_TOKENS + 1)}
 
 
 def private_passages(seed: int, changelog_words: int = 3_000_000, *, near_copies: bool = False) -> list[list[str]]:
@@ -121,33 +86,17 @@ def private_passages(seed: int, changelog_words: int = 3_000_000, *, near_copies
     the short phrases and near-copies unrelated real documents share (``run.py --near-copies``): the
     clean traffic then holds the coincidental overlap a looser threshold has to survive.
 
-    Deterministic: the seed fixes the passages and their order, and the keys are the tokens
-    themselves (no salted ``hash``).
+    Deterministic: the seed fixes the passages and their order, and the keys depend on the tokens
+    only (no salted ``hash``).
     """
     rng = random.Random(seed)
     candidates = _passages(docstrings() + _pydoc_topics() + _changelogs(changelog_words), rng)
     rng.shuffle(candidates)
-    seen: set[tuple[str, ...]] = set()
-    kept: list[list[str]] = []
-    for words in candidates:
-        tokens = tokenize(" ".join(words))
-        keys = copy_keys(tokens) if near_copies else near_copy_keys(tokens)
-        if not keys.isdisjoint(seen):
-            continue
-        seen |= keys
-        kept.append(words)
-    return kept
+    return [candidates[i] for i in dedup(candidates, near_copies=near_copies)]
 
 
 def public_texts() -> list[list[str]]:
-    texts = []
-    for path in sorted(Path("/usr/share/common-licenses").glob("*")):
-        if path.is_file():
-            texts.append(path.read_text(errors="replace").split())
-    with contextlib.redirect_stdout(io.StringIO()):
-        import this  # prints the Zen of Python on first import
-    texts.append("".join(this.d.get(c, c) for c in this.s).split())
-    return [t for t in texts if len(t) >= 40]
+    return common_licenses()
 
 
 def templates(count: int, seed: int) -> list[str]:
