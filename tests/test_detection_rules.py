@@ -10,7 +10,6 @@ import pytest
 from service.auth.keys import Role
 from service.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params, key_id
-from service.fingerprint.tokens import tokenize
 from service.probe import UNSAMPLED, canary_text
 from service.sdk.exchange import fingerprint_exchange
 from tests.conftest import Api
@@ -45,9 +44,9 @@ async def admin(api: Api, method: str, path: str, **kwargs: Any) -> dict[str, An
 
 async def test_text_of_many_tenants_is_boilerplate(api: Api) -> None:
     now = time.time()
-    for i in range(3):  # common_tenants = 3
+    for i, answer in enumerate(("json", "sqlite3", "subprocess")):  # common_tenants = 3
         await post(
-            api, ex(f"t{i}", f"r{i}", LICENSE + " " + words("csv", 50 * i, 50 * i + 40), words("json", 0, 30), now)
+            api, ex(f"t{i}", f"r{i}", LICENSE + " " + words("csv", 50 * i, 50 * i + 40), words(answer, 0, 30), now)
         )
     await post(api, ex("t9", "r9", words("heapq"), "Quoting: " + LICENSE, now))
     assert await findings(api) == []
@@ -170,67 +169,65 @@ async def test_list_changes_are_audited(api: Api) -> None:
         assert action in actions
 
 
-def every_shingle(tenant: str, prompt: str, response: str) -> dict[str, Any]:
-    """An exchange fingerprinted with w = 1, request id ``<tenant>1``."""
-    return fingerprint_exchange(
-        prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=time.time(), params=Params(w=1)
-    )
+ANSWER = words("socket", 0, 80)  # what the model told tenant a: in no prompt of anyone's
 
 
-async def test_with_every_shingle_a_copy_is_judged_by_its_exact_length(api: Api) -> None:
-    # w = 1: a run is as long as the copy, so the bar is 12 tokens (exact_min_run_tokens), not 10.
-    source = tokenize(words("argparse", 0, 300))
-
-    await post(api, every_shingle("a", " ".join(source), words("json", 0, 30)))
-    await post(api, every_shingle("b", words("heapq"), "zq " + " ".join(source[50:62]) + " qz"))  # 12 tokens
-    await post(api, every_shingle("c", words("csv"), "zq " + " ".join(source[120:131]) + " qz"))  # 11 tokens
-    # A template's slot filled with three other words: 7 and 5 tokens around it, 6 of 12 shingles
-    # (below exact_long_run_purity; winnowed at w = 5, a run of six would count).
-    template = [*source[200:207], "zq", "qz", "zq", *source[210:215]]
-    await post(api, every_shingle("d", words("difflib"), "zz " + " ".join(template) + " zz"))
-    assert [(f["recipient_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("b", 12)]
+@pytest.mark.parametrize("arrival", ["source first", "recipient first"])
+async def test_another_tenants_answer_is_a_source_and_the_earlier_answer_is_it(api: Api, arrival: str) -> None:
+    now = time.time()
+    source = ex("a", "a1", words("heapq"), ANSWER, now - 10)
+    recipient = ex("b", "b1", words("csv", 0, 40), words("json", 0, 30) + " " + " ".join(ANSWER.split()[10:40]), now)
+    for e in (source, recipient) if arrival == "source first" else (recipient, source):
+        await post(api, e)
+    (f,) = await findings(api)
+    assert (f["recipient_tenant"], f["source_tenant"], f["source_request_ids"]) == ("b", "a", ["a1"])
+    assert {r["source_kind"] for r in f["evidence"]["sources"][0]["ranges"]} == {"response"}
 
 
-async def test_with_every_shingle_a_copy_may_begin_with_a_phrase_its_source_said_before(api: Api) -> None:
-    # The index knows a phrase at its first place in a prompt: a copy of the phrase's second
-    # place is a run pointing there, then one pointing at the second place (11 tokens alone).
-    phrase, after = words("difflib", 0, 5), words("csv", 0, 8)
-    prompt = " ".join([words("argparse", 0, 100), phrase, words("argparse", 100, 200), phrase, after])
-
-    await post(api, every_shingle("a", prompt, words("json", 0, 30)))
-    await post(api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz"))  # 4 + 8 tokens
-    assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 12)]
+async def test_an_answer_several_tenants_were_served_is_the_models_own(api: Api) -> None:
+    now = time.time()
+    await post(api, ex("a", "a1", words("heapq"), ANSWER, now - 20))
+    await post(api, ex("b", "b1", words("csv", 0, 40), ANSWER, now - 10))
+    await post(api, ex("c", "c1", words("difflib", 0, 40), ANSWER, now))
+    assert "c" not in {f["recipient_tenant"] for f in await findings(api)}
 
 
-async def common(api: Api, text: str) -> None:
-    """Makes ``text`` boilerplate: three tenants (``common_tenants``) send it, between words of their own."""
-    for i in range(3):
-        await post(api, every_shingle(f"t{i}", f"{words('unittest', 300 + 10 * i, 310 + 10 * i)} zz {text} zz", "ok"))
+async def test_text_someone_sent_came_from_that_prompt_whoever_was_served_it(api: Api) -> None:
+    now = time.time()
+    await post(api, ex("a", "a1", words("argparse", 0, 200), words("json", 0, 30), now - 20))
+    await post(api, ex("b", "b1", words("heapq"), words("argparse", 50, 120), now - 10))
+    await post(api, ex("c", "c1", words("csv", 0, 40), words("argparse", 60, 110), now))
+    assert {(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)} == {("b", "a"), ("c", "a")}
 
 
-async def test_with_every_shingle_common_text_at_the_seam_of_a_repeated_phrase_does_not_part_the_copy(
-    api: Api,
-) -> None:
-    # As above, with a 5-token phrase, and the shingle across its seam with the rest of the copy
-    # ("helpers for computing csv") common: the rest starts a token past touching the phrase.
-    phrase, after = words("difflib", 0, 6), words("csv", 0, 8)
-    prompt = " ".join([words("argparse", 0, 100), phrase, words("argparse", 100, 200), phrase, after])
-    await common(api, " ".join([*tokenize(phrase)[2:], tokenize(after)[0]]))
-
-    await post(api, every_shingle("a", prompt, words("json", 0, 30)))
-    # 5 + 8 tokens, 10 without the phrase
-    await post(api, every_shingle("b", words("heapq"), f"zq {phrase} {after} qz"))
-    assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 13)]
+async def test_an_answer_that_echoes_the_recipients_winnowed_prompt_is_its_own_text(api: Api) -> None:
+    # The prompt keeps about one shingle in three; the echo's other shingles are also in the
+    # answer a earlier got from it (a leak), and must not make that answer b's source.
+    now = time.time()
+    await post(api, ex("b", "b1", words("argparse", 0, 200), words("json", 0, 30), now - 20))
+    await post(api, ex("a", "a1", words("heapq"), words("argparse", 50, 120), now - 10))  # b's prompt leaked
+    await post(api, ex("b", "b2", words("csv", 0, 40), "As you wrote: " + words("argparse", 60, 110), now))
+    assert [(f["recipient_request_id"], f["source_tenant"]) for f in await findings(api)] == [("a1", "b")]
 
 
-async def test_with_every_shingle_an_interleaved_fragment_of_common_text_does_not_part_the_copy(api: Api) -> None:
-    # 16 tokens of the prompt cut into 6 + 4 + 6 with other words between; the middle fragment's
-    # one shingle is common text, so the outer two are 4 source tokens apart.
-    span = tokenize(words("argparse", 0, 300))[50:66]
-    first, middle, last = " ".join(span[:6]), " ".join(span[6:10]), " ".join(span[10:])
-    await common(api, middle)
+# Two real Debian changelog lines of one template (x11proto-core's and libxmu's): phrases of
+# 7 and 5 tokens in common, in the same order, a package name and a version apart.
+STITCH_PROMPT = "x11proto-core: drop pre-dependency on x11-common from libxt-dev, bump standards version to 3.7.3"
+STITCH_ANSWER = "libxmu: drop pre-dependency on x11-common from libxmu-dev, bump standards version to 3.8.0"
 
-    await post(api, every_shingle("a", words("argparse", 0, 300), words("json", 0, 30)))
-    response = f"zq {first} {words('heapq', 0, 9)} {middle} {words('csv', 0, 9)} {last} qz"
-    await post(api, every_shingle("b", words("difflib"), response))
-    assert [(f["source_tenant"], f["longest_run_words"]) for f in await findings(api)] == [("a", 12)]
+
+@pytest.mark.parametrize("w", [5, 1])
+async def test_short_phrases_of_one_genre_in_the_same_order_are_no_copy(api: Api, w: int) -> None:
+    now = time.time()
+
+    def exchange(tenant: str, prompt: str, response: str) -> dict[str, Any]:
+        return fingerprint_exchange(
+            prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=now, params=Params(w=w)
+        )
+
+    a = exchange("a", words("argparse", 0, 40) + " " + STITCH_PROMPT, "ok")
+    b = exchange("b", words("csv"), words("json", 0, 30) + " " + STITCH_ANSWER)
+    c = exchange("c", words("heapq"), words("json", 0, 30) + " " + STITCH_PROMPT)
+    for e in (a, b, c):
+        await post(api, e)
+    assert [f["recipient_tenant"] for f in await findings(api)] == ["c"]  # the line itself is a copy

@@ -64,7 +64,7 @@ def test_the_finding_rule_is_one_score() -> None:
     r = response(60)
     assert is_finding(judge(r, copied(10, 300, 12)), T)  # 12 tokens: 12 - 3 = 9
     assert not is_finding(judge(r, copied(10, 300, 11)), T)
-    one = [Copy((Piece(0, 40, 1, 0, 40, 1),), 37)]
+    one = [Copy.of(Piece(0, 40, 1, 0, 40, 1), N)]
     assert not is_finding(one, T)  # a single fingerprint is a coincidence however it scores
 
 
@@ -171,7 +171,7 @@ def test_spans_merge_and_outside_keeps_what_none_covers() -> None:
 def test_coverage_longest_and_severity() -> None:
     found = [Piece(0, 10, 1, 0, 10, 3), Piece(5, 20, 1, 5, 20, 3)]
     assert coverage(found, 40) == 0.5
-    assert longest([Copy((found[0],), 7), Copy(tuple(found), 14)]) == 20
+    assert longest([Copy.of(found[0], N), Copy.of(found[0], N).then(found[1], N)]) == 20
     assert severity(10, T) == "low"
     assert severity(32, T) == "high"
     assert severity(128, T) == "critical"
@@ -214,11 +214,10 @@ def test_chaining_work_is_bounded_by_the_number_of_pieces(shape: str, count: int
     assert sum(len(c.pieces) for c in out) >= 1
 
 
-def test_a_hundred_thousand_matches_in_the_worst_orders_stay_linear_in_checks() -> None:
-    for shape in ("reversed", "periodic", "every diagonal", "equal gaps"):
-        matches = hostile(shape, 100_000, 1)
-        top = max(m.response_offset for m in matches) + N
-        r = response(top + N)
-        budget = Budget()
-        evaluate(r, matches, {1: EVERY, 2: EVERY, 3: WINNOWED}, budget)
-        assert budget.checks <= MAX_PREDECESSORS * len(matches), shape
+def test_a_hundred_thousand_matches_in_the_worst_order_stay_linear_in_checks() -> None:
+    matches = hostile("reversed", 100_000, 1)  # every match a piece of its own, each next to the last
+    r = response(100_000 + 2 * N)
+    budget = Budget()
+    evaluate(r, matches, {1: EVERY}, budget)
+    assert budget.checks <= MAX_PREDECESSORS * len(matches)
+    assert budget.cut > 0  # and the metric says so

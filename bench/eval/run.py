@@ -1,15 +1,20 @@
-"""Detection quality on the full service path (Redis + PostgreSQL), with numbers.
+"""Detection quality on held-out text, on the full service path (Redis + PostgreSQL), with numbers.
 
-    .venv/bin/python -m bench.eval.run                       # the full run (docs/detection.md)
-    .venv/bin/python -m bench.eval.run --clean 500 --leaks-per-cell 2   # a quick one
-    .venv/bin/python -m bench.eval.run --why-missed     # and count why each missed leak was missed
+    .venv/bin/python -m bench.eval.run --split a --side held_out    # a full run (docs/detection.md)
+    .venv/bin/python -m bench.eval.run --split a --side tune        # the families tuned on
+    .venv/bin/python -m bench.eval.run --clean 2000 --leaks-per-cell 4 --offline   # a quick one, in process
 
-Generates multi-tenant traffic from text shipped with Python and Debian (bench/eval/corpus.py),
-with shared system prompts, public quotes, self-echo, long-context prompts, arrival-order races
-and injected leaks of 8 to 512 words, some perturbed; allowlists the public license texts as an
-operator would; replays everything through ``bleedwatch serve`` with the SDK; then scores the
-findings against the ground truth: recall by span and perturbation, precision, false positives
-per 10,000 clean exchanges, and how often the right source tenant was named.
+Generates multi-tenant traffic from the text of one side of a split of corpus families
+(bench/eval/families.py), with shared system prompts, public quotes, stock answers, self-echo,
+long-context prompts, arrival-order races and injected leaks of 8 to 512 words of another
+tenant's prompt or answer, some perturbed; imports the shipped public-text bundle as an
+operator would (`bleedwatch allowlist import-public`), and nothing else; replays everything
+through ``bleedwatch serve`` with the SDK; then scores the findings against the ground truth:
+recall by span, perturbation and source, precision, false positives per 10,000 clean exchanges
+and their severity, and how often the right source tenant was named.
+
+Rules are tuned on one side and reported on the other; a change that helps the tuned side and
+hurts the held-out one is reverted (bench/eval/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ import httpx
 import orjson
 
 from bench.eval import offline
-from bench.eval.corpus import private_passages, public_texts, templates
+from bench.eval.families import SPLITS, held_out_public_texts, private_passages, public_texts, templates
 from bench.eval.offline import SECONDS_PER_EXCHANGE
 from bench.eval.traffic import PERTURBATIONS, SOURCES, SPANS, Traffic, generate, wire
 from bench.service import Running, running_service
+from service.allowlist.public import bundle
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params
 from service.fingerprint.tokens import tokenize
-from service.probe import allowlist_add
+from service.probe import allowlist_add, import_public
 from service.sdk.client import BleedwatchClient
 from service.sdk.exchange import fingerprint_exchange
 
@@ -159,7 +165,8 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report(result: dict[str, Any], args: argparse.Namespace, elapsed: float, exchanges: int) -> str:
     lines = [
-        f"exchanges {exchanges} ({args.clean} clean, {result['leaks']} with a leak) from {args.tenants} tenants, "
+        f"split {args.split} {args.side}: exchanges {exchanges} ({args.clean} clean, {result['leaks']} with a leak) "
+        f"from {args.tenants} tenants, "
         f"replayed in {elapsed:.0f} s; n={args.n} w={args.w} response_w={args.response_w}, "
         f"sampling 1/{DEFAULT_PARAMS.sample_mod} after {DEFAULT_PARAMS.sample_after} tokens",
         "",
@@ -211,7 +218,9 @@ def main() -> None:
     p.add_argument("--leaks-per-cell", type=int, default=20)
     p.add_argument("--long-share", type=float, default=0.01)
     p.add_argument("--response-share", type=float, default=0.15, help="share of leaks of a source's answer")
-    p.add_argument("--changelog-words", type=int, default=3_000_000)
+    p.add_argument("--split", choices=sorted(SPLITS), default="a", help="families split (bench/eval/families.py)")
+    p.add_argument("--side", choices=("tune", "held_out"), default="held_out", help="which side of the split")
+    p.add_argument("--allowlist-quoted", action="store_true", help="also allowlist the public texts the traffic quotes")
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", type=Path, help="also write the result here")
@@ -220,9 +229,10 @@ def main() -> None:
         "--offline", action="store_true", help="in process on the embedded index (for tuning; report full runs)"
     )
     p.add_argument(
-        "--near-copies",
+        "--no-near-copies",
         action="store_true",
-        help="keep passages that share short phrases or near-copies with others (drop only 16-token copies)",
+        help="drop passages that share 8 tokens, in a row or around an edit, with another (default: only 16-token "
+        "copies are dropped, and the natural overlap of real documents of one genre stays in)",
     )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (SDK parameter)")
@@ -231,13 +241,14 @@ def main() -> None:
     )
     args = p.parse_args()
 
-    print("building corpus ...", file=sys.stderr)
-    passages = private_passages(args.seed, args.changelog_words, near_copies=args.near_copies)
-    public = public_texts()
+    names = SPLITS[args.split][args.side]
+    print(f"building corpus: split {args.split}, {args.side} families {', '.join(names)} ...", file=sys.stderr)
+    passages = [p.words for p in private_passages(args.seed, names, near_copies=not args.no_near_copies)]
+    public = public_texts() if args.side == "tune" else held_out_public_texts()
     traffic = generate(
         passages,
         public,
-        templates(5, args.seed),
+        templates(5, args.seed, names),
         tenants=args.tenants,
         clean=args.clean,
         leaks_per_cell=args.leaks_per_cell,
@@ -249,16 +260,23 @@ def main() -> None:
     print(f"traffic {digest[:12]} from {len(passages)} passages", file=sys.stderr)
     key = random.Random(args.seed).randbytes(32)  # same traffic, same key: runs compare
     params = replace(DEFAULT_PARAMS, n=args.n, w=args.w, response_w=args.response_w)
-    texts = [" ".join(t) for t in public]
+    # The shipped public-text bundle, as `bleedwatch allowlist import-public` imports it; with
+    # --allowlist-quoted also the very texts the traffic quotes, as an operator who knew them would.
+    quoted = [" ".join(t) for t in public] if args.allowlist_quoted else []
     if args.offline:
-        findings, elapsed = asyncio.run(offline.replay(traffic, key, params, offline.allowlist(texts, key, params)))
+        texts = [t.text for t in bundle().texts()] + quoted
+        allowed = offline.allowlist(texts, key, params)
+        findings, elapsed = asyncio.run(offline.replay(traffic, key, params, allowed))
     else:
         with tempfile.TemporaryDirectory() as tmp, running_service() as service:
-            files = []
-            for i, text in enumerate(texts):  # as an operator would: bleedwatch allowlist add FILE...
-                files.append(Path(tmp) / f"public-{i}.txt")
-                files[-1].write_text(text)
-            allowlist_add(files, url=service.url, api_key=service.key("admin"), key=key, label=None, n=args.n, w=args.w)
+            admin = service.key("admin")
+            import_public(url=service.url, api_key=admin, key=key, n=args.n, w=args.w)
+            if quoted:
+                files = []
+                for i, text in enumerate(quoted):
+                    files.append(Path(tmp) / f"public-{i}.txt")
+                    files[-1].write_text(text)
+                allowlist_add(files, url=service.url, api_key=admin, key=key, label=None, n=args.n, w=args.w)
             elapsed = asyncio.run(replay(service, traffic, key, args.batch, params))
             findings = all_findings(service)
     result = score(traffic, findings)

@@ -49,7 +49,11 @@ class Entry(NamedTuple):
     tenant: int
     doc: int
     offset: int
-    kinds: Kind
+    kinds: int  # Kind bits as a plain int: IntFlag arithmetic costs a Python call per operation
+
+
+PROMPT_BIT = int(Kind.PROMPT)
+RESPONSE_BIT = int(Kind.RESPONSE)
 
 
 @dataclass(frozen=True, slots=True)

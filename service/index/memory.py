@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
+from service.index.base import PROMPT_BIT, RESPONSE_BIT, Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
 from service.index.keys import DOC_REF_LIMIT
 from service.index.outbox import MemoryOutbox
 from service.index.queue import MemoryQueue
@@ -17,6 +17,7 @@ from service.index.window import Window
 
 # A generation's fingerprint table: value -> entries by tenant, or None once common.
 _Table = dict[int, dict[int, Entry] | None]
+_ABSENT: dict[int, Entry] = {}  # a sentinel: not in the table
 
 
 class MemoryIndex:
@@ -79,29 +80,34 @@ class MemoryIndex:
         merged: dict[int, Entry] = {}
         for gen in gens:
             table = self._tables.get((ns, gen))
-            if table is None or value not in table:
+            if table is None:
                 continue
-            entries = table[value]
+            entries = table.get(value, _ABSENT)
             if entries is None:
                 return None
+            if entries is _ABSENT:
+                continue
             for tenant, entry in entries.items():
                 old = merged.get(tenant)
                 merged[tenant] = entry if old is None else _fold(old, entry.doc, entry.offset, entry.kinds)
-        return None if self._is_common(merged.values()) else merged
+        return None if merged and self._is_common(merged.values()) else merged
 
     def _is_common(self, entries: Iterable[Entry]) -> bool:
-        listed = list(entries)
-        senders = sum(1 for e in listed if e.kinds & Kind.PROMPT)
-        return senders >= self._common_prompt or len(listed) >= self._common_any
+        held = senders = 0
+        for e in entries:
+            held += 1
+            senders += e.kinds & PROMPT_BIT
+        return senders >= self._common_prompt or held >= self._common_any
 
     async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
         self._expire(now)
         gens = self._window.live(now)
         current = self._tables.setdefault((ns, self._window.current(now)), {})
-        counts: dict[tuple[int, int, int, Kind], int] = {}
+        counts: dict[tuple[int, int, int, int], int] = {}
         if any(not 0 <= d.ref < DOC_REF_LIMIT or not 0 <= d.tenant < DOC_REF_LIMIT for d in docs):
             raise ValueError("doc and tenant refs are stored as u32: use new_doc_refs and tenant_refs")
         for pos, doc in enumerate(docs):
+            kind = int(doc.kind)
             for value, offset in zip(doc.values.tolist(), doc.offsets.tolist(), strict=True):
                 merged = self._merged(ns, value, gens)
                 if merged is None:
@@ -109,14 +115,12 @@ class MemoryIndex:
                     continue
                 mine = merged.get(doc.tenant)
                 for tenant, other in merged.items():
-                    if tenant != doc.tenant and _counts(doc, mine, other):
+                    if tenant != doc.tenant and _counts(kind, mine, other):
                         key = (pos, tenant, other.doc, other.kinds)
                         counts[key] = counts.get(key, 0) + 1
                 after = dict(merged)
                 after[doc.tenant] = (
-                    Entry(doc.tenant, doc.ref, offset, doc.kind)
-                    if mine is None
-                    else _fold(mine, doc.ref, offset, doc.kind)
+                    Entry(doc.tenant, doc.ref, offset, kind) if mine is None else _fold(mine, doc.ref, offset, kind)
                 )
                 if self._is_common(after.values()):
                     current[value] = None
@@ -124,12 +128,10 @@ class MemoryIndex:
                 entries = current.get(value) or {}
                 old = entries.get(doc.tenant)
                 entries[doc.tenant] = (
-                    Entry(doc.tenant, doc.ref, offset, doc.kind)
-                    if old is None
-                    else _fold(old, doc.ref, offset, doc.kind)
+                    Entry(doc.tenant, doc.ref, offset, kind) if old is None else _fold(old, doc.ref, offset, kind)
                 )
                 current[value] = entries
-        return [Hit(*key, count) for key, count in counts.items()]
+        return [Hit(pos, tenant, ref, Kind(kinds), count) for (pos, tenant, ref, kinds), count in counts.items()]
 
     async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         gens = self._window.live(now)
@@ -168,20 +170,20 @@ class MemoryIndex:
             del self._done[done_key]
 
 
-def _fold(entry: Entry, doc: int, offset: int, kinds: Kind) -> Entry:
+def _fold(entry: Entry, doc: int, offset: int, kinds: int) -> Entry:
     """Kinds add up; the first prompt doc replaces a response-only one (a prompt is the better source)."""
-    if entry.kinds == Kind.RESPONSE and kinds & Kind.PROMPT:
+    if entry.kinds == RESPONSE_BIT and kinds & PROMPT_BIT:
         return Entry(entry.tenant, doc, offset, entry.kinds | kinds)
     return Entry(entry.tenant, entry.doc, entry.offset, entry.kinds | kinds)
 
 
-def _counts(doc: Doc, mine: Entry | None, other: Entry) -> bool:
+def _counts(kind: int, mine: Entry | None, other: Entry) -> bool:
     """Whether a shared fingerprint may be evidence of a leak, in one direction or the other.
 
     An incoming response may have leaked from anything another tenant sent or received, unless
     the recipient sent the text itself; an incoming prompt may be the source of another tenant's
     earlier response. Which side of a response pair leaked is for the matcher to judge.
     """
-    if doc.kind & Kind.RESPONSE:
-        return not (mine and mine.kinds & Kind.PROMPT)
-    return other.kinds == Kind.RESPONSE
+    if kind & RESPONSE_BIT:
+        return not (mine and mine.kinds & PROMPT_BIT)
+    return other.kinds == RESPONSE_BIT

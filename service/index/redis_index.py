@@ -396,7 +396,7 @@ class RedisIndex:
             if kinds[i] == 0:
                 out[pos] = Lookup(None)
             else:
-                out[pos] = Lookup(tuple(Entry(tenants[k], refs[k], offsets[k], KINDS[kinds[k]]) for k in range(i, j)))
+                out[pos] = Lookup(tuple(Entry(tenants[k], refs[k], offsets[k], kinds[k]) for k in range(i, j)))
             i = j
         return out
 

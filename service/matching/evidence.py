@@ -22,6 +22,7 @@ join checks per piece, so a response costs O(m log m) for m matches whatever the
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from itertools import groupby
 
@@ -35,7 +36,7 @@ from service.fingerprint.scheme import Params, winnow
 GAP_TOKENS = 64
 # Pieces a piece may continue are looked for among this many before it in response order: the
 # budget that keeps chaining linear when a hostile response matches everywhere.
-MAX_PREDECESSORS = 32
+MAX_PREDECESSORS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +74,31 @@ class Piece:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    pieces: tuple[Piece, ...]
+    """Pieces chained into one copy: its last piece and the copy it continues, so that extending a
+    copy costs the same however long it is."""
+
+    last: Piece
+    before: Copy | None
     score: int
+    tokens: int  # response tokens its pieces cover, overlaps counted once
+    fingerprints: int
+
+    @classmethod
+    def of(cls, piece: Piece, n: int) -> Copy:
+        return cls(piece, None, piece.tokens - (n - 1), piece.tokens, piece.fingerprints)
+
+    def then(self, piece: Piece, n: int) -> Copy:
+        new = piece.end - max(piece.start, self.last.end)
+        return Copy(piece, self, self.score + new - (n - 1), self.tokens + new, self.fingerprints + piece.fingerprints)
 
     @property
-    def tokens(self) -> int:
-        return _tokens(self.pieces)
-
-    @property
-    def fingerprints(self) -> int:
-        return sum(p.fingerprints for p in self.pieces)
+    def pieces(self) -> tuple[Piece, ...]:
+        out = []
+        at: Copy | None = self
+        while at is not None:
+            out.append(at.last)
+            at = at.before
+        return tuple(reversed(out))
 
 
 @dataclass
@@ -173,7 +189,7 @@ def _stride(source: Params, source_offset: int) -> int:
     return GAP_TOKENS * sampled
 
 
-def holes(response: Response, matches: list[Match], sources: dict[int, Params]) -> npt.NDArray[np.uint32]:
+def holes(response: Response, matches: list[Match], sources: dict[int, Params]) -> list[int]:
     """Sorted response offsets where the source tenant's text would show, had it been copied, and does not.
 
     ``matches`` are all of one tenant's. Its documents may have different windows: the widest
@@ -181,21 +197,21 @@ def holes(response: Response, matches: list[Match], sources: dict[int, Params]) 
     values divisible by its ``sample_mod`` could match.
     """
     if not matches:
-        return np.empty(0, np.uint32)
+        return []
     w = max(sources[m.source_doc].w for m in matches)
     mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
     could = response.kept(w, max(mods, default=1)) & ~response.blind
     could &= ~np.isin(response.offsets, np.fromiter((m.response_offset for m in matches), np.uint32, len(matches)))
-    return response.offsets[could]
+    return response.offsets[could].tolist()  # type: ignore[no-any-return]
 
 
-def _between(sorted_offsets: npt.NDArray[np.uint32], lo: int, hi: int) -> bool:
+def _between(sorted_offsets: list[int], lo: int, hi: int) -> bool:
     """Is one of ``sorted_offsets`` strictly between ``lo`` and ``hi``?"""
-    i = int(np.searchsorted(sorted_offsets, lo, "right"))
-    return i < len(sorted_offsets) and int(sorted_offsets[i]) < hi
+    i = bisect.bisect_right(sorted_offsets, lo)
+    return i < len(sorted_offsets) and sorted_offsets[i] < hi
 
 
-def pieces(matches: list[Match], gaps: npt.NDArray[np.uint32], sources: dict[int, Params], n: int) -> list[Piece]:
+def pieces(matches: list[Match], gaps: list[int], sources: dict[int, Params], n: int) -> list[Piece]:
     """The exact pieces of one tenant's matches: one diagonal of one document, no hole (``gaps``) between.
 
     Matches off the diagonal do not cut a piece: the index keeps one offset per document and
@@ -232,7 +248,7 @@ def _piece(run: list[Match], n: int) -> Piece:
     )
 
 
-def joins(before: Piece, after: Piece, n: int, source: Params, gaps: npt.NDArray[np.uint32]) -> bool:
+def joins(before: Piece, after: Piece, n: int, source: Params, gaps: list[int]) -> bool:
     """Does ``after`` continue the copy that ``before`` ends?
 
     In the response it comes next (overlapping by less than a shingle), at most GAP_TOKENS
@@ -252,9 +268,7 @@ def joins(before: Piece, after: Piece, n: int, source: Params, gaps: npt.NDArray
     return gap <= source.w and not _between(gaps, before.end - n, after.start)
 
 
-def copies(
-    found: list[Piece], n: int, sources: dict[int, Params], gaps: npt.NDArray[np.uint32], budget: Budget
-) -> list[Copy]:
+def copies(found: list[Piece], n: int, sources: dict[int, Params], gaps: list[int], budget: Budget) -> list[Copy]:
     """The best copy ending at each piece, by score (module docstring); one pass in response order.
 
     A piece may start a copy or continue the best-scoring one it ``joins`` among the
@@ -263,24 +277,21 @@ def copies(
     order = sorted(found, key=lambda p: (p.start, p.end))
     best: list[Copy] = []
     for j, piece in enumerate(order):
-        alone = Copy((piece,), piece.tokens - (n - 1))
-        chosen = alone
+        chosen = Copy.of(piece, n)
         first = max(0, j - budget.predecessors)
         if first > 0 and order[first - 1].end > piece.start - GAP_TOKENS - n:
             budget.cut += 1
         for i in range(j - 1, first - 1, -1):
             prior = best[i]
-            last = prior.pieces[-1]
             budget.checks += 1
-            if not joins(last, piece, n, sources[piece.source_doc], gaps):
-                continue
-            gained = piece.end - max(piece.start, last.end) - (n - 1)
-            if prior.score + gained > chosen.score:
-                chosen = Copy((*prior.pieces, piece), prior.score + gained)
+            if joins(prior.last, piece, n, sources[piece.source_doc], gaps):
+                longer = prior.then(piece, n)
+                if longer.score > chosen.score:
+                    chosen = longer
         best.append(chosen)
     # A copy another one continues is part of it: only the longest of each chain is kept.
-    continued = {id(c.pieces[-2]) for c in best if len(c.pieces) > 1}
-    return [c for c in best if id(c.pieces[-1]) not in continued]
+    continued = {id(c.before) for c in best if c.before is not None}
+    return [c for c in best if id(c) not in continued]
 
 
 def evaluate(response: Response, matches: list[Match], sources: dict[int, Params], budget: Budget) -> list[Copy]:
@@ -302,7 +313,7 @@ def longest(copied: list[Copy]) -> int:
     return max((c.tokens for c in copied), default=0)
 
 
-def _tokens(found: tuple[Piece, ...] | list[Piece]) -> int:
+def _tokens(found: list[Piece]) -> int:
     """Response tokens the pieces cover, their overlaps counted once."""
     covered, reach = 0, 0
     for p in sorted(found, key=lambda p: p.start):

@@ -25,7 +25,7 @@ import numpy as np
 from service import metrics, tracing
 from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
-from service.index.base import Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
+from service.index.base import PROMPT_BIT, Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
     Budget,
     Copy,
@@ -167,18 +167,20 @@ class Matcher:
 
     def _judge_all(self, ns: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
         drafts = []
+        params = {ref: s.params for ref, s in sources.items()}
         for candidate in judged:
             budget = Budget()
-            draft = self._judge(ns, candidate, sources, budget)
+            draft = self._judge(ns, candidate, sources, params, budget)
             if budget.cut:
                 metrics.MATCH_BUDGET_CUT.inc(budget.cut)
             if draft is not None:
                 drafts.append(draft)
         return drafts
 
-    def _judge(self, ns: str, c: Candidate, sources: dict[int, Source], budget: Budget) -> FindingDraft | None:
+    def _judge(
+        self, ns: str, c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
+    ) -> FindingDraft | None:
         meta = c.meta
-        params = {ref: s.params for ref, s in sources.items() if ref in sources}
         n = meta.params.n
         # Prompts are winnowed: who sent a stretch of the response is known at a few of its
         # fingerprints, and holds for the whole piece they make.
@@ -281,11 +283,11 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             blind[i] = True
             continue  # common: shared by many tenants
         mine = next((e for e in found.entries if e.tenant == recipient), None)
-        if mine is not None and mine.kinds & Kind.PROMPT:
+        if mine is not None and mine.kinds & PROMPT_BIT:
             own.append(Match(offset, mine.doc, mine.offset))  # self-echo: the recipient sent this text
             continue
         others = [e for e in found.entries if e.tenant != recipient]
-        senders = [e for e in others if e.kinds & Kind.PROMPT]
+        senders = [e for e in others if e.kinds & PROMPT_BIT]
         for e in senders:
             sent.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
         if senders:
