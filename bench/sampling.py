@@ -20,7 +20,7 @@ from bench.corpus import docstrings
 from service.app import thresholds as app_thresholds
 from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text
-from service.matching.evidence import Match, Thresholds, copies, is_finding, scored_runs
+from service.matching.evidence import Budget, Match, Response, Thresholds, evaluate, is_finding
 
 SPANS = (16, 24, 32, 64, 128, 512)
 MODS = (1, 2, 4, 8, 16, 32)
@@ -34,15 +34,15 @@ def thresholds() -> Thresholds:
 
 def detected(span: list[str], where: dict[int, int], params: Params, key: bytes, t: Thresholds) -> bool:
     """Is ``span``, quoted in an answer, a finding against a source whose fingerprints are ``where``?"""
-    response = fingerprint_text("Here it is: " + " ".join(span) + " That was all.", key, params)
+    answer = params.for_response()
+    response = fingerprint_text("Here it is: " + " ".join(span) + " That was all.", key, answer)
     matches = [
         Match(int(o), 1, where[v])
         for v, o in zip(response.values.tolist(), response.offsets.tolist(), strict=True)
         if v in where
     ]
-    counted = np.ones(len(response.values), dtype=bool)
-    found = scored_runs(matches, response.values, response.offsets, counted, params, {1: params}, t)
-    return is_finding(copies(found, t, params.n, params.w), t)  # as the matcher does
+    view = Response(response.values, response.offsets, np.zeros(len(response.values), dtype=bool), answer)
+    return is_finding(evaluate(view, matches, {1: params}, Budget()), t)  # as the matcher does
 
 
 def main() -> None:

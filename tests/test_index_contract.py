@@ -79,6 +79,16 @@ async def test_prompts_alone_never_hit(index: Index) -> None:
     assert await index.insert(NS, [doc(2, 2, Kind.PROMPT, words("heapq"))], NOW) == []
 
 
+async def test_answers_hit_answers_and_a_prompt_hits_an_answer_once(index: Index) -> None:
+    await index.insert(NS, [doc(1, 1, Kind.RESPONSE, words("heapq"))], NOW)
+    hits = await index.insert(NS, [doc(2, 2, Kind.RESPONSE, words("heapq", 10, 60))], NOW)
+    assert [(h.batch_pos, h.tenant, h.doc, h.kinds) for h in hits] == [(0, 1, 1, Kind.RESPONSE)]
+    # A prompt with the text makes both answers worth judging again; sent again, it adds nothing.
+    hits = await index.insert(NS, [doc(3, 3, Kind.PROMPT, words("heapq"))], NOW)
+    assert sorted((h.tenant, h.doc) for h in hits) == [(1, 1), (2, 2)]
+    assert await index.insert(NS, [doc(4, 3, Kind.PROMPT, words("heapq"))], NOW) == []
+
+
 async def test_text_of_many_tenants_becomes_common(index: Index) -> None:
     text = words("unittest", 0, 120)
     for tenant in (1, 2):
@@ -112,7 +122,8 @@ async def test_text_in_many_answers_is_common_but_a_leak_to_a_few_is_not(index: 
     await index.insert(NS, [doc(1, 1, Kind.PROMPT, source)], NOW)
     for tenant in range(2, 8):  # the same content leaking to six other tenants: still evidence
         hits = await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
-        assert [(h.tenant, h.doc) for h in hits] == [(1, 1)]
+        # ... and every earlier answer with it may be the source of this one, or the other way round
+        assert sorted((h.tenant, h.doc) for h in hits) == [(t, t) for t in range(1, tenant)]
     await index.insert(NS, [doc(8, 8, Kind.RESPONSE, source)], NOW)  # eighth tenant: common_tenants=8
     assert all(x.entries is None for x in await index.lookup(NS, fp(source).values, NOW))
 

@@ -182,8 +182,10 @@ def _counts(kind: int, mine: Entry | None, other: Entry) -> bool:
 
     An incoming response may have leaked from anything another tenant sent or received, unless
     the recipient sent the text itself; an incoming prompt may be the source of another tenant's
-    earlier response. Which side of a response pair leaked is for the matcher to judge.
+    earlier response, unless its tenant had sent that text before (the answer was judged with it
+    then). Which side of a response pair leaked is for the matcher to judge.
     """
+    sent = mine is not None and bool(mine.kinds & PROMPT_BIT)
     if kind & RESPONSE_BIT:
-        return not (mine and mine.kinds & PROMPT_BIT)
-    return other.kinds == RESPONSE_BIT
+        return not sent
+    return other.kinds == RESPONSE_BIT and not sent

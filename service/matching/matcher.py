@@ -83,28 +83,43 @@ class Source:
     canary: bool = False
 
 
-def candidates(docs: list[Doc], hits: list[Hit], min_matched: int) -> dict[int, int]:
-    """Response doc refs worth evaluating, with the recipient tenant ref of each.
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """A response worth evaluating: its recipient tenant, and when only as a later answer than another.
+
+    ``after``: set when the only reason is an incoming answer sharing text with it: that answer
+    may be its source only if it was served first, so it is evaluated only if its own time is
+    later than ``after`` (the earliest such incoming answer), which spares re-reading old
+    answers each time a new one shares a phrase with them.
+    """
+
+    recipient: int
+    after: float | None = None
+
+
+def candidates(docs: list[Doc], hits: list[Hit], min_matched: int, times: dict[int, float]) -> dict[int, Wanted]:
+    """Response doc refs worth evaluating (``times``: the incoming docs' timestamps, by ref).
 
     A finding needs ``min_matched`` fingerprints from one source tenant, so hits count per
     response and source tenant: a response sharing one frequent phrase each with two tenants'
     prompts is not worth a lookup of all its fingerprints (in chat traffic, most would be).
-    Two responses sharing text are both candidates: which one was served first is for the
-    evaluation to tell.
     """
     weight: dict[tuple[int, int], int] = {}  # (response ref, source tenant ref) -> shared fingerprints
     recipient: dict[int, int] = {}
+    after: dict[int, float | None] = {}
     for hit in hits:
         doc = docs[hit.batch_pos]
-        pairs = []
+        pairs: list[tuple[int, int, int, float | None]] = []
         if doc.kind & Kind.RESPONSE:  # an incoming response, hit by another tenant's text
-            pairs.append((doc.ref, doc.tenant, hit.tenant))
-        if hit.kinds == Kind.RESPONSE:  # another tenant's response, hit by incoming text
-            pairs.append((hit.doc, hit.tenant, doc.tenant))
-        for ref, tenant, source in pairs:
+            pairs.append((doc.ref, doc.tenant, hit.tenant, None))
+        if hit.kinds == Kind.RESPONSE:  # another tenant's answer, hit by incoming text
+            pairs.append((hit.doc, hit.tenant, doc.tenant, times.get(doc.ref) if doc.kind & Kind.RESPONSE else None))
+        for ref, tenant, source, since in pairs:
             recipient[ref] = tenant
             weight[(ref, source)] = weight.get((ref, source), 0) + hit.count
-    return {ref: recipient[ref] for (ref, _), w in weight.items() if w >= min_matched}
+            known = after.get(ref, since)
+            after[ref] = None if known is None or since is None else min(known, since)
+    return {ref: Wanted(recipient[ref], after[ref]) for (ref, _), w in weight.items() if w >= min_matched}
 
 
 @dataclass(slots=True)
@@ -141,17 +156,20 @@ class Matcher:
         canary_tenants = set(known.canaries.tenants.values())
         if canary_tenants and any(m.tenant in canary_tenants for m in metas.values()):
             metrics.CANARY_LAST_SEEN.set(now)  # the prober's own traffic got through the gateway
-        wanted = candidates(docs, hits, self._t.min_matched)
+        wanted = candidates(docs, hits, self._t.min_matched, {ref: m.ts for ref, m in metas.items()})
         for doc in docs:  # canaries are looked for in every response, whatever the index says
             if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:
-                wanted[doc.ref] = doc.tenant
+                wanted[doc.ref] = Wanted(doc.tenant)
         found = {ref: metas[ref] for ref in wanted if ref in metas}
         found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
         todo = [
-            (ref, tenant_ref, meta)
-            for ref, tenant_ref in sorted(wanted.items())
-            if (meta := found.get(ref)) is not None and meta.values is not None and meta.offsets is not None
-        ]  # the others aged out of the window
+            (ref, w.recipient, meta)
+            for ref, w in sorted(wanted.items())
+            if (meta := found.get(ref)) is not None
+            and meta.values is not None
+            and meta.offsets is not None  # the others aged out of the window
+            and (w.after is None or meta.ts > w.after)
+        ]
         if not todo:
             return []
         # One lookup for all of them: a response's fingerprints spread over most shards, so

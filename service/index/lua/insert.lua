@@ -110,8 +110,9 @@ for s, base in ipairs(KEYS) do
           local e = merged[t]
           -- What may be a leak, either way (memory.py's _counts).
           local hit
+          -- A prompt re-sent adds nothing the answers it shares were not judged with already.
           if kind == RESPONSE then hit = not self_prompt
-          else hit = e[3] == RESPONSE end
+          else hit = e[3] == RESPONSE and not self_prompt end
           if t ~= tenant and hit then
             local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
             local h = hits[hk]
