@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from service.fingerprint.scheme import Params, winnow
 from service.matching.evidence import (
     GAP_TOKENS,
+    JOIN_TOKENS,
     MAX_PREDECESSORS,
     Budget,
     Copy,
@@ -64,7 +65,7 @@ def test_the_finding_rule_is_one_score() -> None:
     r = response(60)
     assert is_finding(judge(r, copied(10, 300, 12)), T)  # 12 tokens: 12 - 3 = 9
     assert not is_finding(judge(r, copied(10, 300, 11)), T)
-    one = [Copy.of(Piece(0, 40, 1, 0, 40, 1), N)]
+    one = [Copy.of(Piece(0, 40, 1, 0, 40, 1, 40), N)]
     assert not is_finding(one, T)  # a single fingerprint is a coincidence however it scores
 
 
@@ -77,15 +78,16 @@ def test_a_changed_word_is_a_hole_and_the_copy_goes_on_past_it() -> None:
     (c,) = judge(r, matches)
     assert len(c.pieces) == 2
     assert c.tokens == 39
-    assert c.score == 39 - 2 * (N - 1)
+    assert c.score == 39 - 2 * (N - 1) - JOIN_TOKENS
 
 
-def test_common_text_inside_a_copy_is_no_hole() -> None:
+def test_common_text_inside_a_copy_is_no_hole_and_no_evidence() -> None:
     r = response(60, blind=[17, 18, 19, 20])  # those shingles are shared by many tenants
     matches = [m for m in copied(0, 100, 40) if not 17 <= m.response_offset <= 20]
     (c,) = judge(r, matches)
     assert len(c.pieces) == 1
-    assert c.tokens == 40
+    assert c.pieces[0].tokens == 40
+    assert c.tokens == 39  # token 20, inside no matched shingle, counts for nothing
 
 
 def test_a_phrase_the_source_repeats_does_not_cut_the_piece() -> None:
@@ -97,6 +99,14 @@ def test_a_phrase_the_source_repeats_does_not_cut_the_piece() -> None:
     cs = judge(response(40), matches)
     best = max(cs, key=lambda c: c.score)
     assert (best.pieces[0].start, best.pieces[0].end, best.pieces[0].source_start) == (0, 20, 300)
+
+
+def test_blind_text_between_matches_is_no_evidence() -> None:
+    r = response(80, blind=list(range(2, 40)))  # common text: no hole, and nothing to vouch for
+    (c,) = judge(r, [Match(0, 1, 100), Match(1, 1, 101), Match(40, 1, 140), Match(41, 1, 141)])
+    assert c.pieces[0].tokens == 45
+    assert c.tokens == 5 + N + 1
+    assert not is_finding([c], T)
 
 
 def test_a_winnowed_source_is_checked_at_the_fingerprints_it_would_have_kept() -> None:
@@ -116,7 +126,7 @@ def test_fragments_of_one_source_span_interleaved_with_other_text_are_one_copy()
     (c,) = [c for c in judge(r, fragments) if len(c.pieces) > 1]
     assert len(c.pieces) == 3
     assert c.tokens == 24
-    assert c.score == 24 - 3 * (N - 1)
+    assert c.score == 24 - 3 * (N - 1) - 2 * JOIN_TOKENS
     assert is_finding([c], T)
     assert not any(is_finding(judge(r, copied(at, 100, 8)), T) for at in (0, 30, 60))  # each alone is short
 
@@ -157,7 +167,7 @@ def test_sampling_widens_what_a_piece_may_skip() -> None:
 
 
 def test_spans_merge_and_outside_keeps_what_none_covers() -> None:
-    found = [Piece(10, 20, 1, 0, 10, 3), Piece(15, 30, 1, 5, 20, 3), Piece(50, 60, 2, 0, 10, 3)]
+    found = [Piece(10, 20, 1, 0, 10, 3, 10), Piece(15, 30, 1, 5, 20, 3, 15), Piece(50, 60, 2, 0, 10, 3, 10)]
     starts, ends = spans(found)
     assert starts.tolist() == [10, 50]
     assert ends.tolist() == [30, 60]
@@ -169,7 +179,7 @@ def test_spans_merge_and_outside_keeps_what_none_covers() -> None:
 
 
 def test_coverage_longest_and_severity() -> None:
-    found = [Piece(0, 10, 1, 0, 10, 3), Piece(5, 20, 1, 5, 20, 3)]
+    found = [Piece(0, 10, 1, 0, 10, 3, 10), Piece(5, 20, 1, 5, 20, 3, 15)]
     assert coverage(found, 40) == 0.5
     assert longest([Copy.of(found[0], N), Copy.of(found[0], N).then(found[1], N)]) == 20
     assert severity(10, T) == "low"

@@ -550,9 +550,9 @@ class _Keys:
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
 
-    def copies(self, tokens: list[str]) -> npt.NDArray[np.uint64]:
-        """The key of each run of ``COPY_TOKENS`` tokens, in order."""
-        return self._runs(self._ids(tokens), 0, COPY_TOKENS)
+    def copies(self, tokens: list[str], length: int = COPY_TOKENS) -> npt.NDArray[np.uint64]:
+        """The key of each run of ``length`` (at most ``COPY_TOKENS``) tokens, in order."""
+        return self._runs(self._ids(tokens), 0, length)
 
     def near_copies(self, tokens: list[str]) -> npt.NDArray[np.uint64]:
         ids, side = self._ids(tokens), SIDE_TOKENS
@@ -576,13 +576,23 @@ class _Keys:
         return out
 
 
-def dedup(passages: list[list[str]], *, near_copies: bool = False, public: Iterable[list[str]] = ()) -> list[int]:
+def dedup(
+    passages: list[list[str]],
+    *,
+    near_copies: bool = False,
+    public: Iterable[list[str]] = (),
+    copy_tokens: int = COPY_TOKENS,
+) -> list[int]:
     """Indices of the passages kept: each that shares no key with a kept one or a public text.
 
-    The keys are ``near_copy_keys``, or ``copy_keys`` with ``near_copies`` (see private_passages).
+    The keys are ``near_copy_keys``, or with ``near_copies`` runs of ``copy_tokens`` tokens
+    (``copy_keys`` at the default; see private_passages).
     """
     keys = _Keys()
-    of = keys.copies if near_copies else keys.near_copies
+
+    def of(tokens: list[str]) -> npt.NDArray[np.uint64]:
+        return keys.copies(tokens, copy_tokens) if near_copies else keys.near_copies(tokens)
+
     seen: set[int] = set()
     for text in public:
         seen.update(of(tokenize(" ".join(text))).tolist())
@@ -608,6 +618,7 @@ def private_passages(
     *,
     near_copies: bool = False,
     limit_words: int = FAMILY_WORDS,
+    copy_tokens: int = COPY_TOKENS,
 ) -> list[Passage]:
     """De-duplicated passages of the chosen families, shuffled, each with its family.
 
@@ -616,7 +627,9 @@ def private_passages(
     text the allowlist knows is no leak). Near-copy: the two share 8 tokens in a row, or 8 tokens
     around one edit of up to 2 tokens (``near_copy_keys``). With ``near_copies`` only copies are
     dropped (16 tokens in a row, ``copy_keys``), and the passages keep the short phrases and
-    near-copies real documents of one genre share (code most of all).
+    near-copies real documents of one genre share (code most of all); ``copy_tokens`` = 8 drops
+    every passage that shares 8 tokens in a row with another, and keeps what is shorter, around
+    edits or not: an overlap no copy explains (``bench/eval/run.py``'s clean traffic).
 
     Each family is cut with a generator of its own (seeded by ``seed`` and its name), so its
     passages before de-duplication are the same whichever families come with it; the order of
@@ -624,7 +637,8 @@ def private_passages(
     """
     candidates = _candidates(seed, families, limit_words)
     public = public_texts() + held_out_public_texts()
-    return [candidates[i] for i in dedup([p.words for p in candidates], near_copies=near_copies, public=public)]
+    kept = dedup([p.words for p in candidates], near_copies=near_copies, public=public, copy_tokens=copy_tokens)
+    return [candidates[i] for i in kept]
 
 
 def _candidates(seed: int, families: Iterable[str], limit_words: int) -> list[Passage]:

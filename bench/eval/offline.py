@@ -9,7 +9,7 @@ so a rule can be tried on several seeds and families. Numbers that are reported 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -19,6 +19,7 @@ from bench.eval.traffic import Traffic, wire
 from service.app import thresholds
 from service.config import Settings
 from service.fingerprint.scheme import Params, fingerprint_text
+from service.index.base import DocMeta, Kind
 from service.index.memory import MemoryIndex
 from service.index.window import Window
 from service.ingest.decode import Limits
@@ -38,6 +39,32 @@ class _Allowlist(KnownFingerprints):
 
     async def get(self, ns: str) -> Known:
         return self._known
+
+
+class _Index(MemoryIndex):
+    """The embedded index, remembering which document each request's response is."""
+
+    responses: dict[str, tuple[str, int, int]]  # request id -> key id, doc ref, tenant ref
+
+    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None:
+        refs = await self.tenant_refs(sorted({m.tenant for m in docs.values()}))
+        for ref, meta in docs.items():
+            if meta.kind == Kind.RESPONSE:
+                self.responses[meta.request_id] = (ns, ref, refs[meta.tenant])
+        await super().put_docs(ns, docs, now)
+
+
+@dataclass
+class Replayed:
+    findings: list[dict[str, Any]]
+    seconds: float
+    index: _Index
+    matcher: Matcher
+
+    async def why(self, recipient_request: str) -> dict[str, str]:
+        """What the matcher finds in that response now, per source tenant (``Matcher.why``)."""
+        ns, ref, tenant = self.index.responses[recipient_request]
+        return await self.matcher.why(ns, ref, tenant, time.time())
 
 
 class _Collect(FindingsWriter):
@@ -61,15 +88,16 @@ def allowlist(texts: list[str], key: bytes, params: Params) -> np.ndarray[Any, n
 
 async def replay(
     traffic: Traffic, key: bytes, params: Params, allowed: np.ndarray[Any, np.dtype[np.uint64]], batch: int = 100
-) -> tuple[list[dict[str, Any]], float]:
+) -> Replayed:
     """Findings as ``GET /v1/findings`` shows them (the fields the scoring reads), and the seconds it took."""
     settings = Settings()
     start = time.time() - SECONDS_PER_EXCHANGE * (len(traffic.order) + 100)
-    index = MemoryIndex(
+    index = _Index(
         Window(settings.retention_seconds, settings.index_generations),
         settings.common_prompt_tenants,
         settings.common_tenants,
     )
+    index.responses = {}
     writer = _Collect()
     matcher = Matcher(index, _Allowlist(allowed), thresholds(settings))
     limits = Limits(
@@ -94,7 +122,8 @@ async def replay(
                 )
             )
         await ingestor.process(b"\n" + orjson.dumps({"exchanges": exchanges}))
-    return [_as_api(d) for d in writer.drafts.values()], time.perf_counter() - started
+    found = [_as_api(d) for d in writer.drafts.values()]
+    return Replayed(found, time.perf_counter() - started, index, matcher)
 
 
 def _as_api(d: FindingDraft) -> dict[str, Any]:

@@ -229,10 +229,14 @@ def main() -> None:
         "--offline", action="store_true", help="in process on the embedded index (for tuning; report full runs)"
     )
     p.add_argument(
-        "--no-near-copies",
-        action="store_true",
-        help="drop passages that share 8 tokens, in a row or around an edit, with another (default: only 16-token "
-        "copies are dropped, and the natural overlap of real documents of one genre stays in)",
+        "--copy-tokens",
+        type=int,
+        default=8,
+        help="passages sharing this many tokens in a row are copies, and one of them is dropped: what is shorter "
+        "(natural overlap of documents of one genre, stitched phrases) stays in the clean traffic (at most 16)",
+    )
+    p.add_argument(
+        "--why-missed", type=int, default=0, metavar="WORDS", help="explain each missed leak this long or longer"
     )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (SDK parameter)")
@@ -243,7 +247,7 @@ def main() -> None:
 
     names = SPLITS[args.split][args.side]
     print(f"building corpus: split {args.split}, {args.side} families {', '.join(names)} ...", file=sys.stderr)
-    passages = [p.words for p in private_passages(args.seed, names, near_copies=not args.no_near_copies)]
+    passages = [p.words for p in private_passages(args.seed, names, near_copies=True, copy_tokens=args.copy_tokens)]
     public = public_texts() if args.side == "tune" else held_out_public_texts()
     traffic = generate(
         passages,
@@ -266,7 +270,8 @@ def main() -> None:
     if args.offline:
         texts = [t.text for t in bundle().texts()] + quoted
         allowed = offline.allowlist(texts, key, params)
-        findings, elapsed = asyncio.run(offline.replay(traffic, key, params, allowed))
+        replayed = asyncio.run(offline.replay(traffic, key, params, allowed))
+        findings, elapsed = replayed.findings, replayed.seconds
     else:
         with tempfile.TemporaryDirectory() as tmp, running_service() as service:
             admin = service.key("admin")
@@ -281,6 +286,18 @@ def main() -> None:
             findings = all_findings(service)
     result = score(traffic, findings)
     print(report(result, args, elapsed, len(traffic.order)))
+    if args.why_missed:
+        if not args.offline:
+            sys.exit("--why-missed needs --offline: it asks the in-process index")
+        print("\nwhy missed (the matcher's steps on the recipient's answer, against the index at the end):")
+        named = {f["recipient_request_id"]: f["source_tenant"] for f in findings}
+        for leak in traffic.leaks:
+            if named.get(leak.recipient_request) != leak.source_tenant and leak.span >= args.why_missed:
+                got = asyncio.run(replayed.why(leak.recipient_request))
+                print(
+                    f"- {leak.span}/{leak.perturbation}/{leak.source_kind} {leak.source_tenant} -> "
+                    f"{leak.recipient_request}: {got.get(leak.source_tenant, 'nothing of the source')}"
+                )
     if args.explain:
         explain(traffic, result["false_findings"], findings, args.explain)
     if args.json:

@@ -12,9 +12,11 @@ in two steps, each with one reason (docs/detection.md):
 2. **Copies.** Pieces chained in response order while each continues the source where the
    last one stopped (``joins``).
 
-A copy scores the tokens it copied, less what chance explains: n - 1 tokens per piece, since
-unrelated texts of one genre share short phrases (a piece of one shingle is n tokens and scores
-1). One threshold on that score, ``Thresholds.min_score``, makes a finding.
+A copy scores the tokens its matches vouch for, less what chance explains: n - 1 tokens per
+piece, since unrelated texts of one genre share short phrases (a piece of one shingle is n
+tokens and scores 1), and ``JOIN_TOKENS`` per join, one more place chance may have lined pieces
+up (a string of single shingles then adds nothing). One threshold on that score,
+``Thresholds.min_score``, makes a finding.
 
 Cost: one sort of the matches, one binary search per match, and at most ``MAX_PREDECESSORS``
 join checks per piece, so a response costs O(m log m) for m matches whatever their order.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import groupby, pairwise
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +39,8 @@ GAP_TOKENS = 64
 # Pieces a piece may continue are looked for among this many before it in response order: the
 # budget that keeps chaining linear when a hostile response matches everywhere.
 MAX_PREDECESSORS = 16
+# What joining two pieces into one copy costs in score (module docstring).
+JOIN_TOKENS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +62,12 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """Tokens ``[start, end)`` of the response copy ``[source_start, source_end)`` of one source doc."""
+    """Tokens ``[start, end)`` of the response copy ``[source_start, source_end)`` of one source doc.
+
+    ``copied``: the tokens its matches vouch for, at most ``end - start``. Between two matches
+    further apart than the source keeps fingerprints, the response is blind (common text, say),
+    and no evidence of copying: only the next shingle's tokens count.
+    """
 
     start: int
     end: int
@@ -66,6 +75,7 @@ class Piece:
     source_start: int
     source_end: int
     fingerprints: int
+    copied: int
 
     @property
     def tokens(self) -> int:
@@ -85,11 +95,12 @@ class Copy:
 
     @classmethod
     def of(cls, piece: Piece, n: int) -> Copy:
-        return cls(piece, None, piece.tokens - (n - 1), piece.tokens, piece.fingerprints)
+        return cls(piece, None, piece.copied - (n - 1), piece.copied, piece.fingerprints)
 
     def then(self, piece: Piece, n: int) -> Copy:
-        new = piece.end - max(piece.start, self.last.end)
-        return Copy(piece, self, self.score + new - (n - 1), self.tokens + new, self.fingerprints + piece.fingerprints)
+        new = piece.copied - max(0, self.last.end - piece.start)  # what overlaps the last piece counted once
+        score = self.score + new - (n - 1) - JOIN_TOKENS
+        return Copy(piece, self, score, self.tokens + new, self.fingerprints + piece.fingerprints)
 
     @property
     def pieces(self) -> tuple[Piece, ...]:
@@ -229,15 +240,18 @@ def pieces(matches: list[Match], gaps: list[int], sources: dict[int, Params], n:
                 if gap > _stride(sources[doc], prev.source_offset) or _between(
                     gaps, prev.response_offset, m.response_offset
                 ):
-                    out.append(_piece(run, n))
+                    out.append(_piece(run, n, sources[doc]))
                     run = []
             run.append(m)
-        out.append(_piece(run, n))
+        out.append(_piece(run, n, sources[doc]))
     return out
 
 
-def _piece(run: list[Match], n: int) -> Piece:
+def _piece(run: list[Match], n: int, source: Params) -> Piece:
     first, last = run[0], run[-1]
+    sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
+    dense = max(n, source.w * sampled)  # matches of a copy are at most this far apart
+    copied = n + sum(min(b.response_offset - a.response_offset, dense) for a, b in pairwise(run))
     return Piece(
         first.response_offset,
         last.response_offset + n,
@@ -245,6 +259,7 @@ def _piece(run: list[Match], n: int) -> Piece:
         first.source_offset,
         last.source_offset + n,
         len(run),
+        min(copied, last.response_offset + n - first.response_offset),
     )
 
 

@@ -199,26 +199,11 @@ class Matcher:
         self, ns: str, c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
     ) -> FindingDraft | None:
         meta = c.meta
-        n = meta.params.n
-        # Prompts are winnowed: who sent a stretch of the response is known at a few of its
-        # fingerprints, and holds for the whole piece they make.
-        own = [m for m in c.own if m.source_doc in params]
-        mine = spans(pieces(own, holes(c.response, own, params), params, n))
-        c.response.blind_within(mine)
-        sent = {k: outside(ms, mine) for k, ms in c.sent.items()}
-        theirs = spans([p for ms in sent.values() if ms for p in pieces(ms, holes(c.response, ms, params), params, n)])
-        matches = dict(sent)
-        for key, ms in c.served.items():
-            kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), meta, c.ref, m.source_doc)], mine)
-            # Text another tenant sent came from its prompt, whoever else was served it since.
-            matches[key] = matches.get(key, []) + outside(kept, theirs)
         summaries = []
-        for key, ms in matches.items():
-            kept = [m for m in ms if m.source_doc in params]
-            copied = evaluate(c.response, kept, params, budget)
+        for key, (kept, copied) in _evidence(c, sources, params, budget).items():
             if is_finding(copied, self._t):
                 good = [x for x in copied if x.score >= self._t.min_score]
-                summaries.append(_summarise(key, kept, good, sources, meta.token_count, n))
+                summaries.append(_summarise(key, kept, good, sources, meta.token_count, meta.params.n))
         if not summaries:
             return None
         # Canaries first, then the source with the most evidence.
@@ -248,6 +233,25 @@ class Matcher:
             matched_values=_matched_values(meta, top.offsets),
         )
 
+    async def why(self, ns: str, ref: int, recipient: int, now: float) -> dict[str, str]:
+        """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
+        steps, for the evaluation's diagnosis of a missed leak (bench/eval/run.py --why-missed)."""
+        meta = (await self._index.get_docs(ns, [ref], now)).get(ref)
+        if meta is None or meta.values is None:
+            return {}
+        known = await self._known.get(ns)
+        (c,) = _classify_all([(ref, recipient, meta)], await self._index.lookup(ns, meta.values, now), known)
+        sources = await self._sources(ns, sorted(c.refs()), known, now)
+        raw = {k: len(v) for k, v in c.sent.items()} | {k: len(v) for k, v in c.served.items()}
+        out = {}
+        for key, (kept, copied) in _evidence(c, sources, {r: s.params for r, s in sources.items()}, Budget()).items():
+            best = max(copied, key=lambda x: x.score, default=None)
+            pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
+            tenant = next((sources[m.source_doc].tenant for m in kept), f"{key[0]}:{key[1]}")
+            score = "-" if best is None else best.score
+            out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}"
+        return out
+
     async def _sources(self, ns: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
         docs = await self._index.get_docs(ns, [r for r in refs if r > 0], now)
         out = {
@@ -266,6 +270,26 @@ def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int)
     """An answer may be the source only of one served after it: a later timestamp, or the same and a later
     arrival (refs grow with it). A source that aged out of the window is no longer known."""
     return source is not None and (source.ts, source_ref) < (meta.ts, ref)
+
+
+def _evidence(
+    c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
+) -> dict[tuple[str, int], tuple[list[Match], list[Copy]]]:
+    """Each source's matches that count, and its copies."""
+    n = c.meta.params.n
+    # Prompts are winnowed: who sent a stretch of the response is known at a few of its
+    # fingerprints, and holds for the whole piece they make.
+    own = [m for m in c.own if m.source_doc in params]
+    mine = spans(pieces(own, holes(c.response, own, params), params, n))
+    c.response.blind_within(mine)
+    sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
+    theirs = spans([p for ms in sent.values() if ms for p in pieces(ms, holes(c.response, ms, params), params, n)])
+    matches = dict(sent)
+    for key, ms in c.served.items():
+        kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], mine)
+        # Text another tenant sent came from its prompt, whoever else was served it since.
+        matches[key] = matches.get(key, []) + outside(kept, theirs)
+    return {key: (ms, evaluate(c.response, ms, params, budget)) for key, ms in matches.items()}
 
 
 def _classify_all(todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known) -> list[Candidate]:
