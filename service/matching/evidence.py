@@ -240,26 +240,18 @@ def pieces(matches: list[Match], gaps: list[int], sources: dict[int, Params], n:
                 if gap > _stride(sources[doc], prev.source_offset) or _between(
                     gaps, prev.response_offset, m.response_offset
                 ):
-                    out.append(_piece(run, n, sources[doc], gaps))
+                    out.append(_piece(run, n, sources[doc]))
                     run = []
             run.append(m)
-        out.append(_piece(run, n, sources[doc], gaps))
+        out.append(_piece(run, n, sources[doc]))
     return out
 
 
-def _piece(run: list[Match], n: int, source: Params, gaps: list[int]) -> Piece:
+def _piece(run: list[Match], n: int, source: Params) -> Piece:
     first, last = run[0], run[-1]
     sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
     dense = max(n, source.w * sampled)  # matches of a copy are at most this far apart
     copied = n + sum(min(b.response_offset - a.response_offset, dense) for a, b in pairwise(run))
-    if source.w > 1:
-        # A winnowed source keeps one shingle in w: a copy's first and last kept shingles are
-        # on average (w - 1) / 2 inside its ends. Credited, as far as the nearest holes allow.
-        half = (source.w - 1) // 2
-        i = bisect.bisect_left(gaps, first.response_offset)
-        before = first.response_offset - (gaps[i - 1] + 1 if i else 0)
-        after = gaps[i] - 1 - last.response_offset if i < len(gaps) else half
-        copied += min(half, before) + min(half, max(0, after))
     return Piece(
         first.response_offset,
         last.response_offset + n,
@@ -267,7 +259,7 @@ def _piece(run: list[Match], n: int, source: Params, gaps: list[int]) -> Piece:
         first.source_offset,
         last.source_offset + n,
         len(run),
-        copied,
+        min(copied, last.response_offset + n - first.response_offset),
     )
 
 
