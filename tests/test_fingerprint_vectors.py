@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ def test_service_reproduces_vector(vec: dict[str, Any]) -> None:
     )
     assert exchange["key_id"] == vec["key_id"]
     assert exchange["prompt"] == vec["wire"]
-    assert exchange["response"] == vec["wire"]
+    every = fingerprint_text(text, key, replace(params, w=params.response_w))  # a response keeps every shingle
+    assert exchange["response"]["fingerprints"] == encode(every.values, U64_LE)
+    assert exchange["scheme"]["response_w"] == 1
 
     assert decode(vec["wire"]["fingerprints"], U64_LE).tolist() == [int(x, 16) for x in vec["fingerprints"]]
     assert decode(vec["wire"]["offsets"], U32_LE).tolist() == vec["offsets"]

@@ -306,7 +306,7 @@ def main() -> None:
                         a, b = r["response"]
                         sa, sb = r["source"]
                         print(
-                            f"- [{strata[i]}] fp={r['fingerprints']} p={r['purity']}: "
+                            f"- [{strata[i]}] fp={r['fingerprints']}: "
                             f"{' '.join(response[a:b])!r} ~ {' '.join(source[sa:sb])!r}"
                         )
     if args.json:

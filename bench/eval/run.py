@@ -87,7 +87,15 @@ def all_findings(service: Running) -> list[dict[str, Any]]:
                 return out
 
 
-def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
+def quoted(traffic: Traffic, finding: dict[str, Any], public: str) -> bool:
+    """Is every stretch the finding matched a quote of the public text (``public``: its tokens, space-joined)?"""
+    by_request = {ex.request_id: ex for ex in traffic.order}
+    tokens = tokenize(" ".join(by_request[finding["recipient_request_id"]].response))
+    ranges = [r for src in finding["evidence"]["sources"] for r in src["ranges"]]
+    return all(f" {' '.join(tokens[r['response'][0] : r['response'][1]])} " in public for r in ranges)
+
+
+def score(traffic: Traffic, findings: list[dict[str, Any]], public: list[list[str]]) -> dict[str, Any]:
     truth = {leak.recipient_request: leak for leak in traffic.leaks}
     by_recipient = {f["recipient_request_id"]: f for f in findings}
     cells: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
@@ -120,6 +128,8 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
         if (true_leak := truth.get(f["recipient_request_id"])) is None or f["source_tenant"] != true_leak.source_tenant
     ]
     clean_fp = sum(1 for f in findings if f["recipient_request_id"] not in truth)
+    text = " " + " ".join(" ".join(tokenize(" ".join(t))) for t in public) + " "
+    of_public = sum(quoted(traffic, f, text) for f in false)
 
     def recall(spans: tuple[int, ...]) -> float:
         hit = sum(cells[(s, k)][0] for s in spans for k in PERTURBATIONS)
@@ -134,6 +144,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]]) -> dict[str, Any]:
         "precision": true_positive / len(findings) if findings else 1.0,
         "false_positives": len(false),
         "false_positives_per_10k_clean": 10_000 * clean_fp / traffic.clean,
+        "false_of_public_text": of_public,  # quotes of the public text the traffic quotes, which the bundle lacks
         "false_by_severity": dict(Counter(f["severity"] for f in false)),
         "right_source": right_source / detected if detected else 1.0,
         "exact_source_request": exact_request / right_source if right_source else 1.0,
@@ -185,7 +196,8 @@ def report(result: dict[str, Any], args: argparse.Namespace, elapsed: float, exc
         + ", ".join(f"{k}-sourced {hit}/{total}" for k, (hit, total) in by_source.items()),
         f"precision {result['precision']:.4f} ({result['findings']} findings, {result['false_positives']} false: "
         f"{result['false_by_severity']})",
-        f"false positives per 10,000 clean exchanges: {result['false_positives_per_10k_clean']:.2f}",
+        f"false positives per 10,000 clean exchanges: {result['false_positives_per_10k_clean']:.2f} "
+        f"({result['false_of_public_text']} of the false findings quote public text the bundle lacks)",
         f"right source tenant on {result['right_source']:.4f} of {result['detected']} detected leaks "
         f"(and the very request that leaked among source_request_ids on {result['exact_source_request']:.2f})",
     ]
@@ -284,7 +296,7 @@ def main() -> None:
                 allowlist_add(files, url=service.url, api_key=admin, key=key, label=None, n=args.n, w=args.w)
             elapsed = asyncio.run(replay(service, traffic, key, args.batch, params))
             findings = all_findings(service)
-    result = score(traffic, findings)
+    result = score(traffic, findings, public)
     print(report(result, args, elapsed, len(traffic.order)))
     if args.why_missed:
         if not args.offline:

@@ -31,7 +31,7 @@ DISTRIBUTION = "licensedcode-data"
 REQUIREMENT = "licensedcode-data>=32"
 INSTALL_HINT = f"pip install '{REQUIREMENT}'  (or: pip install 'bleedwatch[public]')"
 SOURCE = "scancode-licensedb"
-MIN_TOKENS = 12  # BLEEDWATCH_MIN_RUN_TOKENS is 10: shorter texts can never be a finding's run
+MIN_TOKENS = 12  # a finding needs 12 copied tokens (BLEEDWATCH_MIN_COPY_SCORE 9, plus n - 1)
 SUFFIXES = (".LICENSE", ".RULE")
 
 

@@ -43,12 +43,13 @@ class Params:
     Responses are winnowed with ``response_w`` (every shingle by default): a response is
     where a leak shows, and with all its shingles the service sees every fingerprint a
     winnowed source kept inside the copy, and can re-winnow the response to check that the
-    copy has no holes (docs/detection.md). Prompts, most of the volume, stay winnowed with ``w``.
-    Fingerprints do not depend on the window, so texts of any ``w`` compare.
+    copy has no holes (docs/detection.md). Prompts, most of the volume, are winnowed with ``w``
+    = 3: half their shingles, the trade measured in docs/detection.md. Fingerprints do not
+    depend on the window, so texts of any ``w`` compare.
     """
 
     n: int = 4
-    w: int = 5
+    w: int = 3
     sample_after: int = 65_536
     sample_mod: int = 4
     response_w: int = 1

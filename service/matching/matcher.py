@@ -206,8 +206,8 @@ class Matcher:
                 summaries.append(_summarise(key, kept, good, sources, meta.token_count, meta.params.n))
         if not summaries:
             return None
-        # Canaries first, then the source with the most evidence.
-        summaries.sort(key=lambda s: (s.canary, s.best, s.matched), reverse=True)
+        # Canaries first, then the source whose copies cover most of the response.
+        summaries.sort(key=lambda s: (s.canary, s.coverage, s.best), reverse=True)
         top = summaries[0]
         ctx = meta.context
         return FindingDraft(

@@ -42,7 +42,7 @@ KEY = bytes(range(32))  # 00 01 02 ... 1f
 KEY_16 = bytes(range(0xA0, 0xB0))  # the shortest key allowed
 KEY_64 = bytes(range(64))  # the longest key allowed
 
-DEFAULT = Params()  # n=4, w=5, sample_after=65536, sample_mod=4
+DEFAULT = Params(w=5)  # n=4, w=5, sample_after=65536, sample_mod=4 (the vectors were made with w=5)
 UNSAMPLED = Params(sample_mod=1)
 SMALL = Params(n=2, w=3, sample_after=0, sample_mod=1)
 SINGLE = Params(n=1, w=1, sample_after=65_536, sample_mod=1)
