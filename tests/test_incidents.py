@@ -242,7 +242,9 @@ async def test_false_positive_teaches_the_allowlist_and_reverting_unlearns(api: 
     entries = (await get(api, "/v1/allowlist", role=Role.ADMIN))["items"]
     assert next(e for e in entries if e["id"] == entry_id)["revoked_by"] == key_id(api, Role.TRIAGE)
     exchanges, _ = leak_pair("argparse", "acme", "initech", now + 2)
-    assert (await post(api, exchanges))["findings"] == 2  # initech's answer, and hooli's re-checked one
+    # initech's answer. hooli's is not judged again: nothing new arrived for it (acme's prompt had
+    # the text already), and a revoked entry, like a new one, applies from now on.
+    assert (await post(api, exchanges))["findings"] == 1
     await patch(api, f"{path}/findings/999999", {"false_positive": True}, status=404)
 
 

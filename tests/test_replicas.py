@@ -29,8 +29,9 @@ async def test_a_leak_split_across_two_replicas_is_found_exactly_once(settings: 
         now = time.time()
         sources = ["argparse", "subprocess", "socket", "sqlite3", "http", "csv"]
         for i in range(rounds):
-            source = exchange(f"src-{i}", f"s-{i}", words(sources[i]), words("json", 0, 20), now)
-            leak = exchange(f"dst-{i}", f"d-{i}", words("heapq"), words(sources[i], 40, 90), now)
+            # Each a short answer of its own: the same answer served to two tenants would be a leak too.
+            source = exchange(f"src-{i}", f"s-{i}", words(sources[i]), f"Noted, item {i}.", now)
+            leak = exchange(f"dst-{i}", f"d-{i}", f"Question {i}: " + words("heapq"), words(sources[i], 40, 90), now)
             # Both sides at once, on different replicas, and each retried on the other replica.
             await asyncio.gather(post(one, source), post(two, leak))
             await asyncio.gather(post(two, source), post(one, leak))

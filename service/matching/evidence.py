@@ -135,6 +135,25 @@ class Response:
     blind: npt.NDArray[np.bool_]
     params: Params
     _kept: dict[tuple[int, int], npt.NDArray[np.bool_]] = field(default_factory=dict, repr=False)
+    _free: npt.NDArray[np.int64] | None = field(default=None, repr=False)
+
+    def free(self, lo: int, hi: int) -> int:
+        """How many of tokens ``[lo, hi)`` lie in no blind shingle: what a copy there can claim.
+
+        A shingle that is common, allowlisted or the recipient's own explains its tokens, so the
+        shingles around it, which share them, vouch only for the rest.
+        """
+        if self._free is None:
+            n = self.params.n
+            size = int(self.offsets[-1]) + n + 1 if len(self.offsets) else 1
+            edges = np.zeros(size + 1, dtype=np.int64)
+            blind = self.offsets[self.blind].astype(np.int64)
+            np.add.at(edges, blind, 1)
+            np.add.at(edges, blind + n, -1)
+            free = np.cumsum(edges[:size]) == 0
+            self._free = np.concatenate(([0], np.cumsum(free, dtype=np.int64)))
+        top = len(self._free) - 1
+        return int(self._free[min(hi, top)] - self._free[min(lo, top)]) + max(0, hi - max(lo, top))
 
     def kept(self, w: int, mod: int) -> npt.NDArray[np.bool_]:
         """Which fingerprints a source winnowed with ``w`` and sampled by ``mod`` would hold, had it the same text.
@@ -166,6 +185,7 @@ class Response:
         if len(starts):
             at = np.searchsorted(starts, self.offsets, "right") - 1
             self.blind |= (at >= 0) & (self.offsets < ends[np.maximum(at, 0)])
+            self._free = None
 
 
 Spans = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
@@ -222,7 +242,9 @@ def _between(sorted_offsets: list[int], lo: int, hi: int) -> bool:
     return i < len(sorted_offsets) and sorted_offsets[i] < hi
 
 
-def pieces(matches: list[Match], gaps: list[int], sources: dict[int, Params], n: int) -> list[Piece]:
+def pieces(
+    matches: list[Match], gaps: list[int], sources: dict[int, Params], n: int, response: Response | None = None
+) -> list[Piece]:
     """The exact pieces of one tenant's matches: one diagonal of one document, no hole (``gaps``) between.
 
     Matches off the diagonal do not cut a piece: the index keeps one offset per document and
@@ -240,18 +262,24 @@ def pieces(matches: list[Match], gaps: list[int], sources: dict[int, Params], n:
                 if gap > _stride(sources[doc], prev.source_offset) or _between(
                     gaps, prev.response_offset, m.response_offset
                 ):
-                    out.append(_piece(run, n, sources[doc]))
+                    out.append(_piece(run, n, sources[doc], response))
                     run = []
             run.append(m)
-        out.append(_piece(run, n, sources[doc]))
+        out.append(_piece(run, n, sources[doc], response))
     return out
 
 
-def _piece(run: list[Match], n: int, source: Params) -> Piece:
+def _piece(run: list[Match], n: int, source: Params, response: Response | None) -> Piece:
+    """``copied``: the tokens of its matched shingles, and of what lies between two matches no
+    further apart than the source keeps them, that no blind shingle explains."""
     first, last = run[0], run[-1]
     sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
     dense = max(n, source.w * sampled)  # matches of a copy are at most this far apart
-    copied = n + sum(min(b.response_offset - a.response_offset, dense) for a, b in pairwise(run))
+    stretches = [
+        (a.response_offset, a.response_offset + min(b.response_offset - a.response_offset, dense))
+        for a, b in pairwise(run)
+    ] + [(last.response_offset, last.response_offset + n)]
+    copied = sum(hi - lo if response is None else response.free(lo, hi) for lo, hi in stretches)
     return Piece(
         first.response_offset,
         last.response_offset + n,
@@ -259,7 +287,7 @@ def _piece(run: list[Match], n: int, source: Params) -> Piece:
         first.source_offset,
         last.source_offset + n,
         len(run),
-        min(copied, last.response_offset + n - first.response_offset),
+        copied,
     )
 
 
@@ -314,7 +342,7 @@ def evaluate(response: Response, matches: list[Match], sources: dict[int, Params
     if not matches:
         return []
     gaps = holes(response, matches, sources)
-    found = pieces(matches, gaps, sources, response.params.n)
+    found = pieces(matches, gaps, sources, response.params.n, response)
     return copies(found, response.params.n, sources, gaps, budget)
 
 

@@ -30,7 +30,6 @@ from service.matching.evidence import (
     Budget,
     Copy,
     Match,
-    Piece,
     Response,
     Thresholds,
     coverage,
@@ -200,10 +199,10 @@ class Matcher:
     ) -> FindingDraft | None:
         meta = c.meta
         summaries = []
-        for key, (kept, copied) in _evidence(c, sources, params, budget).items():
+        for key, (_, copied) in _evidence(c, sources, params, budget).items():
             if is_finding(copied, self._t):
                 good = [x for x in copied if x.score >= self._t.min_score]
-                summaries.append(_summarise(key, kept, good, sources, meta.token_count, meta.params.n))
+                summaries.append(_summarise(key, good, sources, meta.token_count, meta.params.n))
         if not summaries:
             return None
         # Canaries first, then the source whose copies cover most of the response.
@@ -230,7 +229,7 @@ class Matcher:
                 "scheme": {"n": meta.params.n, "w": meta.params.w},
                 "sources": [s.as_json() for s in summaries],
             },
-            matched_values=_matched_values(meta, top.offsets),
+            matched_values=_matched_values(meta, top.stretches),
         )
 
     async def why(self, ns: str, ref: int, recipient: int, now: float) -> dict[str, str]:
@@ -336,10 +335,9 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             continue
         # Text only ever served is another tenant's answer only if one other tenant had it, and
         # the recipient had not: what the model says to several tenants, or again, is its own.
+        # It is not blind for that: what a prompt of the same stretch shows still counts.
         if len(others) == 1 and (mine is None or mine.doc == ref):
             served.setdefault(("tenant", others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
-        elif others:
-            blind[i] = True
     return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served)
 
 
@@ -353,7 +351,8 @@ class Summary:
     coverage: float
     request_ids: list[str]
     ranges: list[dict[str, Any]]
-    offsets: tuple[int, ...] = ()  # response token offsets of the matched fingerprints (not in evidence)
+    # Response shingle offsets [first, last] of each piece: the stretches a false positive allowlists.
+    stretches: tuple[tuple[int, int], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -367,12 +366,9 @@ class Summary:
         }
 
 
-def _summarise(
-    key: tuple[str, int], matches: list[Match], copied: list[Copy], sources: dict[int, Source], tokens: int, n: int
-) -> Summary:
+def _summarise(key: tuple[str, int], copied: list[Copy], sources: dict[int, Source], tokens: int, n: int) -> Summary:
     found = sorted({p for c in copied for p in c.pieces}, key=lambda p: (p.start, p.source_doc))
     first = sources[found[0].source_doc]
-    inside = [m for m in matches if any(_within(m, p, n) for p in found)]
     return Summary(
         tenant=first.tenant,
         canary=key[0] == "canary",
@@ -381,7 +377,7 @@ def _summarise(
         longest=longest(copied),
         coverage=round(coverage(found, tokens), 4),
         request_ids=sorted({sources[p.source_doc].request_id for p in found}),
-        offsets=tuple(m.response_offset for m in inside),
+        stretches=tuple((p.start, p.end - n) for p in found),
         ranges=[
             {
                 "response": [p.start, p.end],
@@ -395,15 +391,15 @@ def _summarise(
     )
 
 
-def _within(m: Match, p: Piece, n: int) -> bool:
-    return m.source_doc == p.source_doc and p.start <= m.response_offset <= p.end - n
-
-
-def _matched_values(meta: DocMeta, offsets: tuple[int, ...]) -> list[int]:
+def _matched_values(meta: DocMeta, stretches: tuple[tuple[int, int], ...]) -> list[int]:
+    """Every fingerprint of the response inside the copied stretches, signed: the text itself, whoever
+    else holds parts of it (marked a false positive, all of it is allowlisted)."""
     assert meta.values is not None
     assert meta.offsets is not None
-    matched = np.isin(meta.offsets, np.array(offsets, dtype=np.uint32))
-    return to_signed(np.unique(meta.values[matched]))
+    inside = np.zeros(len(meta.offsets), dtype=bool)
+    for first, last in stretches:
+        inside |= (meta.offsets >= first) & (meta.offsets <= last)
+    return to_signed(np.unique(meta.values[inside]))
 
 
 def _str(value: object) -> str | None:
