@@ -67,7 +67,7 @@ async def test_the_queue_hands_each_batch_to_one_worker_until_it_is_finished(ind
     # replica-2 died holding "two": once idle long enough, another replica takes it over.
     await asyncio.sleep(0.02)
     assert await queue.reclaim("replica-3", min_idle_seconds=0.01, count=10) == [(second, b"two", 2)]
-    await queue.bury(second, b"two")
+    await queue.bury(second, b"two", "ValueError: a test")
     assert (await queue.size(), await queue.dead_size()) == (0, 1)
     assert await queue.reclaim("replica-3", min_idle_seconds=0, count=10) == []
     # The bug fixed, an operator puts the dead letters back (bleedwatch queue requeue-dead).
@@ -199,32 +199,67 @@ async def test_a_batch_that_keeps_failing_goes_to_the_dead_letters_and_back_once
         assert resp.status_code == 202
         queue = deps(api).index.queue()
 
+        # The batch of two is split at its first failure; each exchange then fails on its own.
         async def buried() -> bool:  # the counter moves after the queue's transaction: wait for both
-            return bool(await queue.size() == 0 and metrics.INGEST_DEAD_LETTERS._value.get() == dead_before + 1)
+            return bool(await queue.size() == 0 and metrics.INGEST_DEAD_LETTERS._value.get() == dead_before + 2)
 
         await eventually(buried)
-        assert metrics.INGEST_FAILURES._value.get() == failures_before + worker_module.MAX_DELIVERIES
+        assert metrics.INGEST_FAILURES._value.get() == failures_before + 1 + 2 * worker_module.MAX_DELIVERIES
         if settings.redis_url is None:
-            dead = [item for _, item in queue.dead]
+            dead = [(item, reason) for _, item, reason in queue.dead]
         else:
-            dead = [f[b"b"] for _, f in await deps(api).index.client.xrange(deps(api).index.keys.dead_letters)]
-        assert dead == [resp.headers["x-request-id"].encode() + b"\n" + resp.request.content]
+            entries = await deps(api).index.client.xrange(deps(api).index.keys.dead_letters)
+            dead = [(f[b"b"], f[b"reason"].decode()) for _, f in entries]
+        batch = resp.headers["x-request-id"].encode() + b"\n" + resp.request.content
+        assert sorted(item for item, _ in dead) == sorted(Ingestor.split(batch))
+        assert {reason for _, reason in dead} == {"RuntimeError: a bug in processing"}
         assert await findings(api) == []
 
         monkeypatch.setattr(Ingestor, "process", fixed)
         if settings.redis_url is None:
-            assert await queue.requeue_dead(10) == 1
+            assert await queue.requeue_dead(10) == 2
         else:
             monkeypatch.setenv("BLEEDWATCH_REDIS_URL", settings.redis_url)
             monkeypatch.setenv("BLEEDWATCH_KEY_PREFIX", settings.key_prefix)
             assert await queue_command("requeue-dead") == 0
-            assert capsys.readouterr().out.startswith("1 dead letters put back in the queue")
+            assert capsys.readouterr().out.startswith("2 dead letters put back in the queue")
 
         async def found() -> bool:
             return len(await findings(api)) == 1
 
         await eventually(found)
         assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_an_exchange_processing_trips_on_goes_alone_to_the_dead_letters(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = Ingestor.process
+
+    async def tripped(self: Ingestor, item: bytes) -> Any:
+        if b'"tenant":"hostile"' in item:
+            raise RecursionError("maximum recursion depth exceeded")
+        return await real(self, item)
+
+    monkeypatch.setattr(Ingestor, "process", tripped)
+    monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 0.05)
+    async with running_api(settings.model_copy(update={"ingest_reclaim_seconds": 0.05})) as api:
+        batch = traffic(time.time())
+        hostile = {**batch["leak"][0], "tenant": "hostile", "request_id": "h-1"}
+        resp = await api.client.post(
+            "/v1/exchanges",
+            json={"exchanges": [*batch["source"], hostile, *batch["leak"]]},
+            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+        )
+        assert resp.status_code == 202
+        queue = deps(api).index.queue()
+
+        async def settled() -> bool:
+            return bool(await queue.size() == 0 and await queue.dead_size() == 1)
+
+        await eventually(settled)
+        assert_the_leak(await findings(api))  # the other tenants' exchanges were processed
 
 
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)

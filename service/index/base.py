@@ -144,7 +144,9 @@ class Queue(Protocol):
 
     async def finish(self, item_id: str, result: bytes) -> None: ...
 
-    async def bury(self, item_id: str, item: bytes) -> None: ...
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
+        """Move ``item`` to the dead letters with why it failed (an exception's type and message, no data)."""
+        ...
 
     async def result(self, item_id: str) -> bytes | None:
         """What ``finish`` recorded, for a few minutes; None before."""

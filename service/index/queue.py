@@ -120,9 +120,11 @@ class RedisQueue:
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
-    async def bury(self, item_id: str, item: bytes) -> None:
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._keys.dead_letters, {"b": item, "id": item_id})  # never trimmed: an alert pages
+            pipe.xadd(
+                self._keys.dead_letters, {"b": item, "id": item_id, "reason": reason}
+            )  # never trimmed: an alert pages
             pipe.xack(self._key, GROUP, item_id)
             pipe.xdel(self._key, item_id)
             metrics.REDIS_ROUND_TRIPS.inc()
@@ -155,7 +157,7 @@ class MemoryQueue:
         self._items: dict[str, bytes] = {}
         self._taken: dict[str, tuple[str, float, int]] = {}  # id -> consumer, when, deliveries
         self._results: dict[str, tuple[bytes, float]] = {}
-        self.dead: list[tuple[str, bytes]] = []
+        self.dead: list[tuple[str, bytes, str]] = []  # id, item, reason
         self._ids = itertools.count(1)
         self._arrived = asyncio.Event()
 
@@ -206,9 +208,9 @@ class MemoryQueue:
         self._results = {k: v for k, v in self._results.items() if now - v[1] < RESULT_SECONDS}
         self._results[item_id] = (result, now)
 
-    async def bury(self, item_id: str, item: bytes) -> None:
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
         self._drop(item_id)
-        self.dead.append((item_id, item))
+        self.dead.append((item_id, item, reason))
 
     def _drop(self, item_id: str) -> None:
         self._items.pop(item_id, None)
@@ -226,6 +228,6 @@ class MemoryQueue:
 
     async def requeue_dead(self, count: int) -> int:
         moved, self.dead = self.dead[:count], self.dead[count:]
-        for _, item in moved:
+        for _, item, _ in moved:
             await self.put(item, max_items=len(self._items) + 1)
         return len(moved)

@@ -117,6 +117,17 @@ class Ingestor:
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, 0.05)
 
+    @staticmethod
+    def split(item: bytes) -> list[bytes]:
+        """The queue item of each exchange of a batch alone (the same accepting request), so that one
+        exchange that cannot be processed does not hold back the others."""
+        request_id, _, body = item.partition(b"\n")
+        batch = Batch.model_validate_json(body)
+        return [
+            request_id + b"\n" + Batch(exchanges=[ex]).model_dump_json(exclude_unset=True).encode()
+            for ex in batch.exchanges
+        ]
+
     async def process(self, item: bytes) -> IngestResult:
         """Index and match one accepted batch; validated by ``accept``, so nothing here refuses it."""
         request_id, _, body = item.partition(b"\n")

@@ -28,6 +28,7 @@ import redis.exceptions
 from service import metrics
 from service.index.base import Queue
 from service.ingest.outbox import DATABASE_DOWN
+from service.ingest.schemas import IngestResult
 from service.ingest.service import Ingestor
 from service.periodic import Periodic
 
@@ -133,25 +134,51 @@ class IngestWorker:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 5.0)
                 continue
-            except Exception as exc:  # a bug: keep the batch, retry it later, and bury it if it keeps failing
+            except Exception as exc:  # a bug, or an exchange it trips on: see _isolate
                 metrics.INGEST_FAILURES.inc()
                 log.exception(
                     "ingest_failed", extra={"item": item_id, "deliveries": deliveries, "exc_type": type(exc).__name__}
                 )
+                if await self._isolate(item_id, item):
+                    return
                 if deliveries >= MAX_DELIVERIES:
-                    await self._bury(item_id, item, deliveries)
+                    await self._bury(item_id, item, deliveries, _reason(exc))
                 return
             metrics.INGEST_QUEUE_SECONDS.observe(max(0.0, time.time() - enqueued_at(item_id)))
             return
 
-    async def _bury(self, item_id: str, item: bytes, deliveries: int) -> None:
+    async def _isolate(self, item_id: str, item: bytes) -> bool:
+        """A batch of several exchanges that failed: queue each exchange alone and finish the batch.
+
+        The others are then processed at once, and only an exchange that keeps failing goes to the
+        dead letters, with its reason, after ``MAX_DELIVERIES``: one exchange (say, one a hostile
+        key holder crafted) never holds back or sinks the other tenants' exchanges of its batch.
+        False when there is nothing to split, or splitting failed (the batch is retried whole).
+        """
         try:
-            await self._queue.bury(item_id, item)
+            singles = self._ingestor.split(item)
+            if len(singles) < 2:
+                return False
+            for single in singles:
+                if await self._queue.put(single, max_items=2**31) is None:
+                    return False
+            # A caller waiting on the batch hears it was accepted, not yet processed (as with respond-async).
+            queued = IngestResult(accepted=len(singles), duplicates=0, findings=None)
+            await self._queue.finish(item_id, queued.model_dump_json().encode())
+        except Exception as exc:  # an outage meanwhile: the batch stays pending, and is retried whole
+            log.warning("ingest_isolate_failed", extra={"item": item_id, "exc_type": type(exc).__name__})
+            return False
+        log.warning("ingest_isolated", extra={"item": item_id, "exchanges": len(singles)})
+        return True
+
+    async def _bury(self, item_id: str, item: bytes, deliveries: int, reason: str) -> None:
+        try:
+            await self._queue.bury(item_id, item, reason)
         except Exception as exc:  # still pending: buried at its next delivery
             log.warning("ingest_bury_failed", extra={"item": item_id, "exc_type": type(exc).__name__})
             return
         metrics.INGEST_DEAD_LETTERS.inc()
-        log.error("ingest_dead_letter", extra={"item": item_id, "deliveries": deliveries})
+        log.error("ingest_dead_letter", extra={"item": item_id, "deliveries": deliveries, "reason": reason})
 
     async def _recover(self) -> None:
         """One ``Periodic`` round: export the queue's depth; take over batches abandoned by a dead replica."""
@@ -159,6 +186,12 @@ class IngestWorker:
         for item_id, item, deliveries in await self._queue.reclaim(self.consumer, self._reclaim_seconds, RECLAIM_COUNT):
             log.warning("ingest_reclaimed", extra={"item": item_id, "deliveries": deliveries})
             await self._handle(item_id, item, deliveries)
+
+
+def _reason(exc: Exception) -> str:
+    """What failed, for an operator: the exception's type and its first 200 characters. Messages of
+    this service never carry text of an exchange (there is none to carry)."""
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 async def queue_command(command: str) -> int:
