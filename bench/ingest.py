@@ -177,7 +177,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers of the service")
     p.add_argument("--warmup", type=float, default=0.05, help="share of batches sent before timing")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="winnowing window (1: every shingle)")
+    p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (1: every shingle)")
+    p.add_argument("--response-w", type=int, default=DEFAULT_PARAMS.response_w, help="answers' winnowing window")
     p.add_argument("--wait", action="store_true", help="answers after processing (no Prefer: respond-async)")
     p.add_argument(
         "--shared-redis", action="store_true", help="use BLEEDWATCH_TEST_REDIS_URL, not a redis-server of its own"
@@ -192,7 +193,7 @@ def main() -> None:
     texts = chat_texts(args.exchanges, mix, args.seed, prefix=f"bench{args.seed}")
     words = sum(len(t.prompt.split()) + len(t.response.split()) for t in texts)
     t1 = time.perf_counter()
-    exchanges = fingerprint_all(texts, params=replace(DEFAULT_PARAMS, w=args.w))
+    exchanges = fingerprint_all(texts, params=replace(DEFAULT_PARAMS, w=args.w, response_w=args.response_w))
     t2 = time.perf_counter()
     print(
         f"traffic: {len(texts)} exchanges, {words:,} words, {sum(t.leak_from is not None for t in texts)} leaks "

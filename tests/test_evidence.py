@@ -22,6 +22,7 @@ from service.matching.evidence import (
     evaluate,
     holes,
     is_finding,
+    least_matches,
     longest,
     outside,
     pieces,
@@ -67,6 +68,12 @@ def test_the_finding_rule_is_one_score() -> None:
     assert not is_finding(judge(r, copied(10, 300, 11)), T)
     one = [Copy.of(Piece(0, 40, 1, 0, 40, 1, 40), N)]
     assert not is_finding(one, T)  # a single fingerprint is a coincidence however it scores
+
+
+def test_the_fewest_matches_a_finding_can_have_follow_the_sources_window() -> None:
+    assert [least_matches(T, w) for w in (1, 3, 5, 50)] == [9, 4, 3, 2]
+    assert not is_finding(judge(response(60), copied(10, 300, 11)), T)  # 8 matches of every shingle
+    assert is_finding(judge(response(60), copied(10, 300, 12)), T)  # 9
 
 
 def test_a_changed_word_is_a_hole_and_the_copy_goes_on_past_it() -> None:

@@ -346,6 +346,15 @@ def evaluate(response: Response, matches: list[Match], sources: dict[int, Params
     return copies(found, response.params.n, sources, gaps, budget)
 
 
+def least_matches(t: Thresholds, w: int) -> int:
+    """The fewest fingerprints a finding from a source winnowed with ``w`` can have.
+
+    Matches of one copy are at most w apart, so a piece of m matches vouches for at most
+    n + w (m - 1) tokens and scores at most w (m - 1) + 1; more pieces only need more.
+    """
+    return max(t.min_matched, 1 + -(-(t.min_score - 1) // w))
+
+
 def is_finding(copied: list[Copy], t: Thresholds) -> bool:
     """More than a coincidence: a copy that scores ``min_score`` with at least ``min_matched`` fingerprints."""
     return any(c.score >= t.min_score and c.fingerprints >= t.min_matched for c in copied)

@@ -36,6 +36,7 @@ from service.matching.evidence import (
     evaluate,
     holes,
     is_finding,
+    least_matches,
     longest,
     outside,
     pieces,
@@ -96,29 +97,31 @@ class Wanted:
     after: float | None = None
 
 
-def candidates(docs: list[Doc], hits: list[Hit], min_matched: int, times: dict[int, float]) -> dict[int, Wanted]:
+def candidates(docs: list[Doc], hits: list[Hit], needed: dict[bool, int], times: dict[int, float]) -> dict[int, Wanted]:
     """Response doc refs worth evaluating (``times``: the incoming docs' timestamps, by ref).
 
-    A finding needs ``min_matched`` fingerprints from one source tenant, so hits count per
-    response and source tenant: a response sharing one frequent phrase each with two tenants'
-    prompts is not worth a lookup of all its fingerprints (in chat traffic, most would be).
+    Hits count per response and source tenant, and a response is looked up in full only if one
+    tenant's text shares as many fingerprints with it as the smallest finding from such a
+    source has (``needed``, by whether the source is a prompt: ``evidence.least_matches``). A
+    response sharing a few frequent phrases with other tenants, as most do, costs no lookup.
     """
-    weight: dict[tuple[int, int], int] = {}  # (response ref, source tenant ref) -> shared fingerprints
+    weight: dict[tuple[int, int, bool], int] = {}  # (response ref, source tenant ref, sent) -> shared
     recipient: dict[int, int] = {}
     after: dict[int, float | None] = {}
     for hit in hits:
         doc = docs[hit.batch_pos]
-        pairs: list[tuple[int, int, int, float | None]] = []
+        pairs: list[tuple[int, int, int, bool, float | None]] = []
         if doc.kind & Kind.RESPONSE:  # an incoming response, hit by another tenant's text
-            pairs.append((doc.ref, doc.tenant, hit.tenant, None))
+            pairs.append((doc.ref, doc.tenant, hit.tenant, bool(hit.kinds & Kind.PROMPT), None))
         if hit.kinds == Kind.RESPONSE:  # another tenant's answer, hit by incoming text
-            pairs.append((hit.doc, hit.tenant, doc.tenant, times.get(doc.ref) if doc.kind & Kind.RESPONSE else None))
-        for ref, tenant, source, since in pairs:
+            answer = bool(doc.kind & Kind.RESPONSE)
+            pairs.append((hit.doc, hit.tenant, doc.tenant, not answer, times.get(doc.ref) if answer else None))
+        for ref, tenant, source, sent, since in pairs:
             recipient[ref] = tenant
-            weight[(ref, source)] = weight.get((ref, source), 0) + hit.count
+            weight[(ref, source, sent)] = weight.get((ref, source, sent), 0) + hit.count
             known = after.get(ref, since)
             after[ref] = None if known is None or since is None else min(known, since)
-    return {ref: Wanted(recipient[ref], after[ref]) for (ref, _), w in weight.items() if w >= min_matched}
+    return {ref: Wanted(recipient[ref], after[ref]) for (ref, _, sent), w in weight.items() if w >= needed[sent]}
 
 
 @dataclass(slots=True)
@@ -155,7 +158,9 @@ class Matcher:
         canary_tenants = set(known.canaries.tenants.values())
         if canary_tenants and any(m.tenant in canary_tenants for m in metas.values()):
             metrics.CANARY_LAST_SEEN.set(now)  # the prober's own traffic got through the gateway
-        wanted = candidates(docs, hits, self._t.min_matched, {ref: m.ts for ref, m in metas.items()})
+        windows = {bool(m.kind & Kind.PROMPT): m.params.w for m in metas.values()}  # one key id: one prompt w
+        needed = {sent: least_matches(self._t, windows.get(sent, 1)) for sent in (True, False)}
+        wanted = candidates(docs, hits, needed, {ref: m.ts for ref, m in metas.items()})
         for doc in docs:  # canaries are looked for in every response, whatever the index says
             if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:
                 wanted[doc.ref] = Wanted(doc.tenant)
