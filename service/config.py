@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     accepted_key_ids: Annotated[frozenset[str], NoDecode] = frozenset()
     # Ingest queue (service/ingest/worker.py): batches accepted but not yet processed.
     ingest_queue_max_batches: int = Field(1_000, ge=1)
-    ingest_workers: int = Field(4, ge=1, le=64)  # batches processed at once, per process
+    # Batches processed at once, per process; 0 = none: an API replica whose batches `bleedwatch work` processes.
+    ingest_workers: int = Field(4, ge=0, le=64)
     ingest_wait_seconds: float = Field(30.0, ge=0)  # how long an answer without Prefer: respond-async waits
     ingest_reclaim_seconds: float = Field(30.0, gt=0)  # a batch held this long by a silent replica is taken over
     # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Float, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db import Base, BigIntId, JSONType, UTCDateTime
@@ -46,3 +46,7 @@ class Finding(Base):
     # The recipient response's fingerprints that matched the top source (signed int64, like the allowlist
     # stores them): what marking the finding a false positive adds to the allowlist. Null before 0004.
     matched_values: Mapped[list[int] | None] = mapped_column(JSONType)
+    # The lowest index doc ref of the top source (service/matching/matcher.py): between equally strong
+    # evaluations of one response the earlier-accepted source wins, so the order of evaluation does not
+    # decide the attribution. Null before 0006.
+    source_ref: Mapped[int | None] = mapped_column(BigInteger)

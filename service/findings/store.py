@@ -6,7 +6,7 @@ import base64
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -16,9 +16,13 @@ from service.findings.models import Finding
 from service.incidents import grouping
 from service.matching.matcher import FindingDraft
 
+NO_REF = 1 << 62  # a finding stored before source_ref existed yields to an equally strong one that has it
+
 
 async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tuple[FindingDraft, int, bool]]:
-    """Insert new findings; replace an existing one only with stronger evidence.
+    """Insert new findings; replace an existing one only with stronger evidence, or with evidence as
+    strong from a source accepted earlier (``source_ref``: the order evaluations run in, which
+    differs between replicas and Redis topologies, must not decide which source is named).
 
     Re-processing a batch, or two replicas evaluating the same response, therefore never
     duplicates a finding, and a finding never loses evidence it had. Returns the id of each
@@ -41,7 +45,12 @@ async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tupl
             index_elements=["recipient_tenant", "recipient_request_id"],
             set_=changes,
             where=(stmt.excluded.matched_fingerprints > Finding.matched_fingerprints)
-            | (stmt.excluded.longest_run_words > Finding.longest_run_words),
+            | (stmt.excluded.longest_run_words > Finding.longest_run_words)
+            | (
+                (stmt.excluded.matched_fingerprints == Finding.matched_fingerprints)
+                & (stmt.excluded.longest_run_words == Finding.longest_run_words)
+                & (stmt.excluded.source_ref < func.coalesce(Finding.source_ref, NO_REF))
+            ),
         ).returning(Finding.id, Finding.detected_at, Finding.updated_at)
         row = (await session.execute(upsert_stmt)).one_or_none()
         if row is not None:

@@ -4,7 +4,8 @@ Two backends implement it, Redis (``redis_index.py``) for deployments and an in-
 (``memory.py``) for the embedded default; ``tests/test_index_contract.py`` holds both to it.
 
 Per fingerprint the index keeps, within the retention window, one entry per tenant that used
-it: the tenant, the first document (prompt or response) it was seen in, its token offset there,
+it: the tenant, one document (its prompt with the lowest ref, else its response with the lowest
+ref, whatever order they arrived in) and the fingerprint's token offset there,
 and whether the tenant had it in a prompt, a response or both. A fingerprint becomes *common*
 (shared boilerplate) and its entries are dropped once ``common_prompt_tenants`` tenants sent it
 in prompts, or ``common_tenants`` tenants had it at all: only senders count towards the first,

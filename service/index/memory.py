@@ -115,7 +115,7 @@ class MemoryIndex:
                     continue
                 mine = merged.get(doc.tenant)
                 for tenant, other in merged.items():
-                    if tenant != doc.tenant and _counts(kind, mine, other):
+                    if tenant != doc.tenant and _counts(kind, doc.ref, mine, other):
                         key = (pos, tenant, other.doc, other.kinds)
                         counts[key] = counts.get(key, 0) + 1
                 after = dict(merged)
@@ -171,21 +171,25 @@ class MemoryIndex:
 
 
 def _fold(entry: Entry, doc: int, offset: int, kinds: int) -> Entry:
-    """Kinds add up; the first prompt doc replaces a response-only one (a prompt is the better source)."""
-    if entry.kinds == RESPONSE_BIT and kinds & PROMPT_BIT:
+    """Kinds add up; the doc is the tenant's prompt with the lowest ref (a prompt is the better source),
+    else its response with the lowest ref: lowest, not first to arrive, so the order batches are
+    processed in (which a Redis Cluster's nodes each see differently) changes nothing (common.lua)."""
+    had, has = entry.kinds & PROMPT_BIT, kinds & PROMPT_BIT
+    if has > had or (has == had and doc < entry.doc):
         return Entry(entry.tenant, doc, offset, entry.kinds | kinds)
     return Entry(entry.tenant, entry.doc, entry.offset, entry.kinds | kinds)
 
 
-def _counts(kind: int, mine: Entry | None, other: Entry) -> bool:
+def _counts(kind: int, ref: int, mine: Entry | None, other: Entry) -> bool:
     """Whether a shared fingerprint may be evidence of a leak, in one direction or the other.
 
     An incoming response may have leaked from anything another tenant sent or received, unless
     the recipient sent the text itself; an incoming prompt may be the source of another tenant's
     earlier response, unless its tenant had sent that text before (the answer was judged with it
-    then). Which side of a response pair leaked is for the matcher to judge.
+    then) in a prompt accepted earlier than this one (a lower ref), which stays the source.
+    Which side of a response pair leaked is for the matcher to judge.
     """
     sent = mine is not None and bool(mine.kinds & PROMPT_BIT)
     if kind & RESPONSE_BIT:
         return not sent
-    return other.kinds == RESPONSE_BIT and not sent
+    return other.kinds == RESPONSE_BIT and (not sent or (mine is not None and ref < mine.doc))

@@ -505,10 +505,19 @@ class RedisIndex:
             await pipe.execute()
 
     async def stats(self) -> metrics.IndexStats:
-        """For /metrics (cached there): keys in this Redis database and its used memory; two commands."""
+        """For /metrics (cached there): keys in this Redis database and its used memory; two commands.
+
+        On a Redis Cluster both are asked of every primary and added up: redis-py sums DBSIZE over
+        the primaries itself, but sends INFO to one node unless told, which would report a third
+        (at 3 masters) of the memory, or a flat answer where a per-node one was expected.
+        """
         metrics.REDIS_ROUND_TRIPS.inc(2)
+        if isinstance(self._r, RedisCluster):
+            items: Any = await self._r.dbsize(target_nodes=RedisCluster.PRIMARIES)
+            per_node: Any = await self._r.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            if isinstance(items, dict):
+                items = sum(int(v) for v in items.values())
+            nodes = per_node.values() if "used_memory" not in per_node else [per_node]
+            return metrics.IndexStats(int(items), sum(int(m.get("used_memory", 0)) for m in nodes))
         items, memory = await self._r.dbsize(), await self._r.info("memory")
-        if isinstance(self._r, RedisCluster):  # per-node answers
-            items = sum(int(v) for v in items.values()) if isinstance(items, dict) else int(items)
-            memory = {"used_memory": sum(int(m.get("used_memory", 0)) for m in memory.values())}
         return metrics.IndexStats(items=int(items), memory_bytes=int(memory["used_memory"]))

@@ -41,9 +41,26 @@ class Accepted:
     queued: IngestResult  # the answer before processing
 
 
-def _envelope(request_id: str | None, body: bytes) -> bytes:
-    """The accepting request's id (never a newline: service/logging.py), a newline, the batch."""
-    return (request_id or "").encode() + b"\n" + body
+def _envelope(request_id: str | None, first_ref: int, body: bytes) -> bytes:
+    """The accepting request's id (never a newline: service/logging.py), a newline, ``@`` and the
+    batch's first document ref, a newline, the batch.
+
+    Refs are given at acceptance, not at processing: the index keeps, per tenant, the document
+    with the lowest ref (service/index/lua/common.lua), and ties between sources go to the lowest
+    ref too, so findings follow the order batches were accepted in, and not the order in which
+    workers (or, on a Redis Cluster, each node) happened to process them. Exchange ``i`` of the
+    batch has refs ``first + 2i`` (prompt) and ``first + 2i + 1`` (response).
+    """
+    return (request_id or "").encode() + b"\n@" + str(first_ref).encode() + b"\n" + body
+
+
+def _open(item: bytes) -> tuple[bytes, int | None, bytes]:
+    """Request id, first doc ref (None in items queued before refs were given at acceptance), body."""
+    request_id, _, rest = item.partition(b"\n")
+    if not rest.startswith(b"@"):  # a JSON body never starts with @
+        return request_id, None, rest
+    ref, _, body = rest.partition(b"\n")
+    return request_id, int(ref[1:]), body
 
 
 def _params(ex: Exchange, kind: Kind) -> Params:
@@ -86,12 +103,15 @@ class Ingestor:
                     raise Forbidden(f"exchanges[{i}].tenant: this API key may not report for that tenant")
         for i, ex in enumerate(batch.exchanges):
             decode_exchange(ex, i, self.limits)
-        done = await self._index.done([_idempotency_key(ex) for ex in batch.exchanges], now)
+        done, first_ref = await asyncio.gather(
+            self._index.done([_idempotency_key(ex) for ex in batch.exchanges], now),
+            self._index.new_doc_refs(2 * len(batch.exchanges)),
+        )
         duplicates = sum(done)
         if duplicates == len(batch.exchanges):  # a retry of a batch already processed
             metrics.EXCHANGES_DUPLICATE.inc(duplicates)
             return Accepted(None, IngestResult(accepted=0, duplicates=duplicates, findings=0, processed=True))
-        item_id = await self._queue.put(_envelope(current_request_id(), body), self.queue_max_batches)
+        item_id = await self._queue.put(_envelope(current_request_id(), first_ref, body), self.queue_max_batches)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
             raise Unavailable(
@@ -121,34 +141,44 @@ class Ingestor:
     def split(item: bytes) -> list[bytes]:
         """The queue item of each exchange of a batch alone (the same accepting request), so that one
         exchange that cannot be processed does not hold back the others."""
-        request_id, _, body = item.partition(b"\n")
+        request_id, first, body = _open(item)
         batch = Batch.model_validate_json(body)
-        return [
-            request_id + b"\n" + Batch(exchanges=[ex]).model_dump_json(exclude_unset=True).encode()
-            for ex in batch.exchanges
-        ]
+        out = []
+        for i, ex in enumerate(batch.exchanges):
+            alone = Batch(exchanges=[ex]).model_dump_json(exclude_unset=True).encode()
+            refs = b"" if first is None else b"@%d\n" % (first + 2 * i)  # each keeps its refs
+            out.append(request_id + b"\n" + refs + alone)
+        return out
 
     async def process(self, item: bytes) -> IngestResult:
         """Index and match one accepted batch; validated by ``accept``, so nothing here refuses it."""
-        request_id, _, body = item.partition(b"\n")
+        request_id, first_ref, body = _open(item)
         with request_id_bound(request_id.decode() or None):  # logs and incident timelines name the request
-            return await self._process(Batch.model_validate_json(body))
+            return await self._process(Batch.model_validate_json(body), first_ref)
 
     @tracing.traced("ingest")
-    async def _process(self, batch: Batch) -> IngestResult:
+    async def _process(self, batch: Batch, first_ref: int | None) -> IngestResult:
         now = time.time()
+        if first_ref is None:
+            first_ref = await self._index.new_doc_refs(2 * len(batch.exchanges))
         decoded = [decode_exchange(ex, i, self.limits) for i, ex in enumerate(batch.exchanges)]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, ex in enumerate(batch.exchanges):
             groups[ex.key_id].append(i)
         accepted = duplicates = findings = 0
         for ns, positions in groups.items():
-            a, d, f = await self._ingest_group(ns, batch, decoded, positions, now)
+            a, d, f = await self._ingest_group(ns, batch, decoded, positions, first_ref, now)
             accepted, duplicates, findings = accepted + a, duplicates + d, findings + f
         return IngestResult(accepted=accepted, duplicates=duplicates, findings=findings, processed=True)
 
     async def _ingest_group(
-        self, ns: str, batch: Batch, decoded: list[tuple[Decoded, Decoded]], positions: list[int], now: float
+        self,
+        ns: str,
+        batch: Batch,
+        decoded: list[tuple[Decoded, Decoded]],
+        positions: list[int],
+        first: int,
+        now: float,
     ) -> tuple[int, int, int]:
         exchanges = [batch.exchanges[i] for i in positions]
         keys = [_idempotency_key(ex) for ex in exchanges]
@@ -159,14 +189,13 @@ class Ingestor:
         if not fresh:
             return 0, duplicates, 0
         tenants = await self._index.tenant_refs(sorted({ex.tenant for _, ex in fresh}))
-        first = await self._index.new_doc_refs(2 * len(fresh))
         docs: list[Doc] = []
         metas: dict[int, DocMeta] = {}
-        for j, (i, ex) in enumerate(fresh):
+        for i, ex in fresh:
             prompt, response = decoded[i]
             context = {k: v for k, v in ex.meta.model_dump().items() if v is not None}
             context.setdefault("prompt_tokens", prompt.token_count)
-            for ref, kind, text in ((first + 2 * j, Kind.PROMPT, prompt), (first + 2 * j + 1, Kind.RESPONSE, response)):
+            for ref, kind, text in ((first + 2 * i, Kind.PROMPT, prompt), (first + 2 * i + 1, Kind.RESPONSE, response)):
                 docs.append(Doc(ref, tenants[ex.tenant], kind, text.values, text.offsets))
                 metas[ref] = DocMeta(
                     tenant=ex.tenant,
@@ -191,8 +220,8 @@ class Ingestor:
             created = len(drafts) if changed is None else len(changed)
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)
         metrics.EXCHANGES_INGESTED.inc(len(fresh))
-        for j in range(len(fresh)):
-            metrics.record_exchange(metas[first + 2 * j], now)
+        for i, _ in fresh:
+            metrics.record_exchange(metas[first + 2 * i], now)
         for doc in docs:
             metrics.FINGERPRINTS_INGESTED.labels(kind_name(doc.kind)).inc(len(doc.values))
         return len(fresh), duplicates, created

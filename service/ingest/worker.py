@@ -66,6 +66,8 @@ class IngestWorker:
 
     def start(self) -> None:
         self._stopping = False
+        if self._concurrency == 0:  # an API replica whose batches `bleedwatch work` processes: not even reclaims
+            return
         self._tasks = [asyncio.create_task(self._run(), name=f"ingest-{i}") for i in range(self._concurrency)]
         self._recovery = Periodic("ingest-recovery", self._recover, RECOVER_SECONDS)
         self._recovery.start()

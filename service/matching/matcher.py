@@ -68,6 +68,9 @@ class FindingDraft:
     evidence: dict[str, Any]
     # The response's fingerprints that matched the top source, signed int64 (what a false positive allowlists).
     matched_values: list[int] = field(default_factory=list)
+    # The lowest doc ref of the top source's pieces: of two equally strong findings of one response, the
+    # one whose source was accepted first is kept (service/findings/store.py), whatever the order of evaluation.
+    source_ref: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +213,9 @@ class Matcher:
                 summaries.append(_summarise(key, good, sources, meta.token_count, meta.params.n))
         if not summaries:
             return None
-        # Canaries first, then the source whose copies cover most of the response.
-        summaries.sort(key=lambda s: (s.canary, s.coverage, s.best), reverse=True)
+        # Canaries first, then the source whose copies cover most of the response; of equal ones, the
+        # source accepted first (lowest ref), never the order entries happened to arrive in.
+        summaries.sort(key=lambda s: (not s.canary, -s.coverage, -s.best, s.first_ref, s.tenant))
         top = summaries[0]
         ctx = meta.context
         return FindingDraft(
@@ -235,6 +239,7 @@ class Matcher:
                 "sources": [s.as_json() for s in summaries],
             },
             matched_values=_matched_values(meta, top.stretches),
+            source_ref=top.first_ref,
         )
 
     async def why(self, ns: str, ref: int, recipient: int, now: float) -> dict[str, str]:
@@ -358,6 +363,7 @@ class Summary:
     ranges: list[dict[str, Any]]
     # Response shingle offsets [first, last] of each piece: the stretches a false positive allowlists.
     stretches: tuple[tuple[int, int], ...] = ()
+    first_ref: int = 0  # the lowest doc ref among the pieces (negative: a canary)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -383,6 +389,7 @@ def _summarise(key: tuple[str, int], copied: list[Copy], sources: dict[int, Sour
         coverage=round(coverage(found, tokens), 4),
         request_ids=sorted({sources[p.source_doc].request_id for p in found}),
         stretches=tuple((p.start, p.end - n) for p in found),
+        first_ref=min(p.source_doc for p in found),
         ranges=[
             {
                 "response": [p.start, p.end],

@@ -39,10 +39,13 @@ local function each(value, fn)
   end
 end
 
--- Fold entry (d, o, k) into e = {doc, offset, kinds}: kinds add up; a prompt doc replaces a
--- response-only one.
+-- Fold entry (d, o, k) into e = {doc, offset, kinds}: kinds add up; the doc is the tenant's
+-- prompt with the lowest ref, else its response with the lowest ref. Lowest, not first to
+-- arrive: on a Redis Cluster each node sees batches in its own order, and refs are given at
+-- acceptance, so the same traffic leaves the same entries whatever the topology or order.
 local function fold(e, d, o, k)
-  if e[3] == RESPONSE and band(k, PROMPT) == PROMPT then e[1] = d; e[2] = o end
+  local had, has = band(e[3], PROMPT), band(k, PROMPT)
+  if has > had or (has == had and d < e[1]) then e[1] = d; e[2] = o end
   e[3] = bor(e[3], k)
 end
 

@@ -22,7 +22,8 @@
 -- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
 -- that generation, and the read is skipped. Filters and buckets expire at the same second.
 -- Stored value per field: '*' once common, else entries as common.lua says.
--- An entry's doc is the tenant's first prompt with the fingerprint, else its first response.
+-- An entry's doc is the tenant's prompt with the fingerprint with the lowest ref, else its response
+-- with the lowest ref (common.lua's fold), whatever order they arrived in.
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
 
 local cur = tonumber(ARGV[1])
@@ -110,9 +111,11 @@ for s, base in ipairs(KEYS) do
           local e = merged[t]
           -- What may be a leak, either way (memory.py's _counts).
           local hit
-          -- A prompt re-sent adds nothing the answers it shares were not judged with already.
+          -- A prompt re-sent adds nothing the answers it shares were not judged with already,
+          -- unless it was accepted before the one they were judged with (a lower ref: processed
+          -- out of order), which it now replaces as their source.
           if kind == RESPONSE then hit = not self_prompt
-          else hit = e[3] == RESPONSE and not self_prompt end
+          else hit = e[3] == RESPONSE and (not self_prompt or doc < mine[1]) end
           if t ~= tenant and hit then
             local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
             local h = hits[hk]
@@ -145,7 +148,7 @@ for s, base in ipairs(KEYS) do
         found = true
         local e = {d, o, k}
         fold(e, doc, offset, kind)
-        if e[1] ~= d or e[3] ~= k then
+        if e[1] ~= d or e[2] ~= o or e[3] ~= k then
           new_value = sub(current, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(current, after)
         end
         return true
