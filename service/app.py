@@ -95,6 +95,17 @@ def thresholds(settings: Settings) -> Thresholds:
     )
 
 
+def limits(settings: Settings) -> Limits:
+    """What ingest refuses (service/ingest/decode.py); the worker process re-checks with the same."""
+    return Limits(
+        settings.max_batch_exchanges,
+        settings.max_fingerprints_per_text,
+        settings.max_future_seconds,
+        settings.effective_max_age_seconds,
+        settings.accepted_key_ids,
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -111,13 +122,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
         risk_settings = RiskSettings()
         risk = RiskMonitor(sessions, load_rules(risk_settings.risk_rules_file), risk_settings.risk_refresh_seconds)
-        limits = Limits(
-            settings.max_batch_exchanges,
-            settings.max_fingerprints_per_text,
-            settings.max_future_seconds,
-            settings.effective_max_age_seconds,
-            settings.accepted_key_ids,
-        )
         webhooks = make_sender(sessions, settings)
         # Findings join incidents in the session that stores them (service/incidents/grouping.py).
         grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, notify=webhooks is not None))
@@ -133,7 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Findings held while the database was down, written by every replica when it is back.
         writer = FindingsWriter(sessions, index.outbox())
         matcher = Matcher(index, known, thresholds(settings))
-        ingestor = Ingestor(index, matcher, sessions, limits, writer, settings.ingest_queue_max_batches)
+        ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
         app.state.deps = AppDeps(
             settings=settings,

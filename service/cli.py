@@ -1,4 +1,4 @@
-"""``bleedwatch``: serve, migrate, replay, allowlist, canary, keys, prune, tenants, queue, demo."""
+"""``bleedwatch``: serve, work, migrate, replay, allowlist, canary, keys, prune, tenants, queue, demo."""
 
 from __future__ import annotations
 
@@ -40,6 +40,35 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         log_config=log_config(settings.log_level, settings.log_format),  # JSON lines (service/logging.py)
         access_log=False,  # raw paths and query strings: service.logging.RequestContext logs templates
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _work(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.config import Settings
+    from service.logging import log_config
+    from service.work import WorkerUnfit, check
+
+    settings = Settings()
+    try:
+        check(settings)
+    except WorkerUnfit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # one process: its own registry
+    uvicorn.run(
+        "service.work:create_worker_app",
+        factory=True,
+        host=args.host or settings.host,
+        port=settings.work_port if args.port is None else args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        log_config=log_config(settings.log_level, settings.log_format),
+        access_log=False,
         timeout_graceful_shutdown=30,
     )
     return 0
@@ -188,6 +217,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.set_defaults(func=_serve)
+
+    w = sub.add_parser(
+        "work", help="process the ingest queue only (index, match, findings); serve with BLEEDWATCH_INGEST_WORKERS=0"
+    )
+    w.add_argument("--host")
+    w.add_argument("--port", type=int, help="for /metrics, /healthz, /readyz (default BLEEDWATCH_WORK_PORT, 8401)")
+    w.set_defaults(func=_work)
 
     m = sub.add_parser("migrate", help="bring the database schema to the current version")
     m.set_defaults(func=_migrate)

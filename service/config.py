@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     api_key_cache_seconds: float = Field(10.0, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=0, le=65535)
+    work_port: int = Field(8401, ge=0, le=65535)  # `bleedwatch work`: /metrics, /healthz, /readyz
     workers: int = Field(1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
@@ -99,6 +100,15 @@ class Settings(BaseSettings):
                 if not isinstance(key_id, str) or not KEY_ID.match(key_id):
                     raise ValueError("BLEEDWATCH_ACCEPTED_KEY_IDS: give 16-hex-digit key ids, comma-separated")
         return value
+
+    @model_validator(mode="after")
+    def _someone_processes(self) -> Settings:
+        if self.ingest_workers == 0 and self.redis_url is None:
+            raise ValueError(
+                "BLEEDWATCH_INGEST_WORKERS=0 needs BLEEDWATCH_REDIS_URL: the embedded queue is processed "
+                "only by the serving process's own workers"
+            )
+        return self
 
     @model_validator(mode="after")
     def _webhook_needs_secret(self) -> Settings:

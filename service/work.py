@@ -1,0 +1,107 @@
+"""``bleedwatch work``: a process that only processes the ingest queue (index, match, store findings).
+
+Matching is CPU work (numpy, on the event loop and in threads) and Redis work that takes as long
+as a batch is big; on the API's event loop, answers to gateways wait behind it. Run the API with
+``BLEEDWATCH_INGEST_WORKERS=0`` (it validates and queues, answers 202, and processes nothing,
+not even abandoned batches) and as many ``bleedwatch work`` processes as the load needs, on the
+same Redis and database: they share the queue's consumer group, so each batch goes to one of
+them, and a batch whose worker died is reclaimed by another (service/ingest/worker.py).
+
+The process has no API. It listens on ``BLEEDWATCH_WORK_PORT`` for ``/metrics`` (the ingest,
+matching and queue metrics come from here, no longer from the API replicas) and ``/healthz``,
+``/readyz``. SIGTERM finishes the batches in hand; what it has not taken stays queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import redis.exceptions
+import sqlalchemy.exc
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from service import metrics, tracing
+from service.app import limits, make_index, thresholds
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker
+from service.incidents import grouping
+from service.ingest.outbox import FindingsWriter
+from service.ingest.service import Ingestor
+from service.ingest.worker import IngestWorker
+from service.matching.known import KnownFingerprints
+from service.matching.matcher import Matcher
+
+
+class WorkerUnfit(ValueError):
+    """Settings a worker process cannot run with; the message says which and what to set."""
+
+
+def check(settings: Settings) -> None:
+    if settings.embedded:
+        raise WorkerUnfit("bleedwatch work needs BLEEDWATCH_REDIS_URL: the embedded queue lives in the serving process")
+    if settings.ingest_workers == 0:
+        raise WorkerUnfit("BLEEDWATCH_INGEST_WORKERS is 0: a worker process needs at least 1 (batches at once)")
+
+
+def create_worker_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    check(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings)
+        metrics.configure(settings)
+        metrics.instrument_engine(engine)
+        tracing.configure(settings.tracing)
+        sessions = make_sessionmaker(engine)
+        index = make_index(settings)
+        # Findings join incidents in the session that stores them; the API replicas send the webhooks.
+        grouping.configure(
+            sessions, grouping.Policy(settings.incident_quiet_seconds, notify=settings.webhook_url is not None)
+        )
+        writer = FindingsWriter(sessions, index.outbox())
+        matcher = Matcher(index, KnownFingerprints(sessions, settings.lists_refresh_seconds), thresholds(settings))
+        ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
+        worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
+        app.state.engine, app.state.index = engine, index
+        async with AsyncExitStack() as running:  # stopped in reverse: the worker first, its clients last
+            running.push_async_callback(engine.dispose)
+            running.push_async_callback(index.close)
+            writer.start()
+            running.push_async_callback(writer.stop)
+            worker.start()
+            running.push_async_callback(worker.stop)
+            yield
+
+    app = FastAPI(title="bleedwatch worker", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        checks: dict[str, str] = {}
+        try:
+            await app.state.index.ping()
+            checks["index"] = "ok"
+        except (redis.exceptions.RedisError, OSError):
+            checks["index"] = "unreachable"
+        try:
+            async with app.state.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except (sqlalchemy.exc.SQLAlchemyError, OSError):
+            checks["database"] = "unreachable"
+        ready = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
+
+    return app

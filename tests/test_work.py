@@ -1,0 +1,113 @@
+"""API and workers apart: ``bleedwatch serve`` with BLEEDWATCH_INGEST_WORKERS=0 queues, ``bleedwatch work`` processes.
+
+Real processes on free loopback ports, on the shared Redis (a key prefix of their own) and the
+session's PostgreSQL schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pydantic
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.auth.keys import Role
+from service.config import Settings
+from service.local_server import free_port
+from tests.conftest import REDIS_URL, _create_keys, _drop_prefix
+from tests.conftest import _truncate as truncate
+from tests.test_end_to_end import assert_the_leak, traffic
+from tests.test_shutdown import serve
+
+pytestmark = pytest.mark.anyio
+
+
+def work(env: dict[str, str], port: int, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """``bleedwatch work``, once its /readyz answers."""
+    with open(tmp_path / f"work-{port}.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "work", "--port", str(port)], env=env, stdout=log, stderr=log
+        )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, (tmp_path / f"work-{port}.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, "bleedwatch work did not become ready"
+        time.sleep(0.05)
+
+
+def ingested(metrics_text: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text)}
+    return sum(s.value for s in families["bleedwatch_exchanges_ingested"].samples if s.name.endswith("_total"))
+
+
+async def test_an_api_without_workers_queues_and_a_worker_process_finds_the_leak(pg_url: str, tmp_path: Path) -> None:
+    truncate(pg_url)
+    prefix = f"bwwork{uuid.uuid4().hex[:8]}"
+    tokens = await _create_keys(Settings(redis_url=REDIS_URL, database_url=pg_url, key_prefix=prefix))
+    env = os.environ | {
+        "BLEEDWATCH_REDIS_URL": REDIS_URL,
+        "BLEEDWATCH_DATABASE_URL": pg_url,
+        "BLEEDWATCH_KEY_PREFIX": prefix,
+        "BLEEDWATCH_RATE_LIMIT_PER_SECOND": "0",
+        "BLEEDWATCH_LOG_LEVEL": "warning",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    headers = {"Authorization": f"Bearer {tokens[Role.INGEST]}"}
+    read = {"Authorization": f"Bearer {tokens[Role.READ]}"}
+    api_port, work_port = free_port(), free_port()
+    procs = [serve(env | {"BLEEDWATCH_INGEST_WORKERS": "0"}, api_port, tmp_path)]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as client:
+            for batch in traffic(time.time()).values():
+                resp = await client.post(
+                    "/v1/exchanges", json={"exchanges": batch}, headers=headers | {"Prefer": "respond-async"}
+                )
+                assert resp.status_code == 202, resp.text
+                assert resp.json()["processed"] is False
+            # Nobody processes yet: the API has no workers, and no worker process runs.
+            assert (await client.get("/v1/queue", headers=read)).json()["queued"] == 3
+
+            procs.append(work(env, work_port, tmp_path))
+            deadline = time.monotonic() + 30
+            while (await client.get("/v1/queue", headers=read)).json()["queued"]:
+                assert time.monotonic() < deadline, (tmp_path / f"work-{work_port}.log").read_text()[-2000:]
+                await asyncio.sleep(0.05)
+            resp = await client.get("/v1/findings", headers=read)
+            assert_the_leak(resp.json()["items"])
+            api_metrics = (await client.get("/metrics")).text
+            worker_metrics = (await client.get(f"http://127.0.0.1:{work_port}/metrics")).text
+        assert ingested(worker_metrics) == 4
+        assert ingested(api_metrics) == 0
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:  # after draining, uvicorn re-raises the signal it caught
+            assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        _drop_prefix(prefix)
+
+
+def test_a_worker_process_and_an_api_without_workers_need_redis(tmp_path: Path) -> None:
+    with pytest.raises(pydantic.ValidationError, match="BLEEDWATCH_INGEST_WORKERS=0 needs BLEEDWATCH_REDIS_URL"):
+        Settings(redis_url=None, ingest_workers=0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLEEDWATCH_")} | {
+        "BLEEDWATCH_DATA_DIR": str(tmp_path)
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "work"], env=env, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert b"needs BLEEDWATCH_REDIS_URL" in done.stderr
