@@ -18,6 +18,8 @@ Batches are sent as the SDK sends them, with ``Prefer: respond-async``: the answ
 batch is durably queued, and the service's workers index and match it after. The sustained rate
 counts until the queue is empty, so it is the processing rate; the batch latency is what the
 gateway waits. ``--wait`` sends without the preference: each answer waits for processing.
+``--split N``: the API (``--workers`` uvicorn workers) processes nothing (BLEEDWATCH_INGEST_WORKERS=0)
+and N ``bleedwatch work`` processes do; with ``--rate``, what matching beside the API costs its answers.
 
 Prints exchanges/s, fingerprints/s, batch latency p50/p99, the findings the leaks produced, the
 CPU each party used (service workers, Redis, this load generator) and, in the same run,
@@ -125,23 +127,25 @@ async def open_loop(poster: Poster, requests: list[tuple[bytes, int, int]], rate
     return latencies
 
 
-async def drained(client: redis.Redis | redis.RedisCluster, key: str) -> None:
-    """Until the service's ingest queue is empty: every accepted batch processed."""
+async def drained(client: redis.Redis | redis.RedisCluster, keys: list[str]) -> None:
+    """Until the service's ingest queue (every shard of it) is empty: every accepted batch processed."""
     while True:
-        if not client.xlen(key):
+        if not any(client.xlen(key) for key in keys):
             return
         await asyncio.sleep(0.01)
 
 
-def queue_seconds(url: str) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of the service's queue-to-processed histogram."""
-    buckets = []
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        if family.name == "bleedwatch_ingest_queue_seconds":
-            for sample in family.samples:
-                if sample.name.endswith("_bucket"):
-                    buckets.append((float(sample.labels["le"]), sample.value))
-    return sorted(buckets)
+def queue_seconds(urls: list[str]) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of the queue-to-processed histogram, summed over the processes that process."""
+    buckets: dict[float, float] = {}
+    for url in urls:
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+            if family.name == "bleedwatch_ingest_queue_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith("_bucket"):
+                        le = float(sample.labels["le"])
+                        buckets[le] = buckets.get(le, 0.0) + sample.value
+    return sorted(buckets.items())
 
 
 def bucket_quantile(before: list[tuple[float, float]], after: list[tuple[float, float]], q: float) -> float:
@@ -175,11 +179,18 @@ def main() -> None:
     p.add_argument("--tenants", type=int, default=50)
     p.add_argument("--long-share", type=float, default=0.01)
     p.add_argument("--workers", type=int, default=2, help="uvicorn workers of the service")
+    p.add_argument(
+        "--split",
+        type=int,
+        default=0,
+        help="API and workers apart: the API with BLEEDWATCH_INGEST_WORKERS=0 and this many `bleedwatch work`",
+    )
     p.add_argument("--warmup", type=float, default=0.05, help="share of batches sent before timing")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (1: every shingle)")
     p.add_argument("--response-w", type=int, default=DEFAULT_PARAMS.response_w, help="answers' winnowing window")
     p.add_argument("--wait", action="store_true", help="answers after processing (no Prefer: respond-async)")
+    p.add_argument("--queue-shards", type=int, default=1, help="BLEEDWATCH_INGEST_QUEUE_SHARDS of the service")
     p.add_argument(
         "--shared-redis", action="store_true", help="use BLEEDWATCH_TEST_REDIS_URL, not a redis-server of its own"
     )
@@ -206,16 +217,21 @@ def main() -> None:
     timed_ex = sum(n for _, n, _ in timed)
     timed_fps = sum(f for _, _, f in timed)
     with running_service(
-        workers=args.workers, own_redis=not args.shared_redis, cluster_masters=args.cluster_masters
+        workers=args.workers,
+        own_redis=not args.shared_redis,
+        cluster_masters=args.cluster_masters,
+        work_processes=args.split,
+        ingest_queue_shards=str(args.queue_shards),
     ) as service:
         nodes = redis_nodes(service.redis_url)
         port = int(service.url.rsplit(":", 1)[1])
         token = service.key("ingest")
         reader = service.key("read")
-        pids = process_tree(service.pid)
+        pids = process_tree(service.pid) + list(service.worker_pids)
+        processing = list(service.worker_urls) or [service.url]
 
         commands: dict[str, tuple[int, int]] = {}
-        queue_key = Keys(service.env["BLEEDWATCH_KEY_PREFIX"]).queue
+        queue_keys = [Keys(service.env["BLEEDWATCH_KEY_PREFIX"]).queue_shard(i) for i in range(args.queue_shards)]
         queue_client = (
             redis.RedisCluster.from_url(service.redis_url)
             if args.cluster_masters
@@ -230,8 +246,8 @@ def main() -> None:
             async with Poster("127.0.0.1", port, token, connections, respond_async=not args.wait) as poster:
                 wire = [(poster.request(b), n, f) for b, n, f in timed]
                 await closed_loop(poster, [(poster.request(b), n, f) for b, n, f in warmup], args.concurrency)
-                await drained(queue_client, queue_key)
-                lag["before"] = queue_seconds(service.url)
+                await drained(queue_client, queue_keys)
+                lag["before"] = queue_seconds(processing)
                 cpu_service = sum(cpu_seconds(pid) for pid in pids)
                 cpu_redis = redis_cpu(nodes)
                 commands.update(command_usec(nodes))
@@ -242,9 +258,9 @@ def main() -> None:
                 else:
                     latencies = await closed_loop(poster, wire, args.concurrency)
                 answered = time.perf_counter() - start
-                await drained(queue_client, queue_key)
+                await drained(queue_client, queue_keys)
                 elapsed = time.perf_counter() - start
-                lag["after"] = queue_seconds(service.url)
+                lag["after"] = queue_seconds(processing)
                 after = command_usec(nodes)
                 for name, (calls, usec) in after.items():
                     before = commands.get(name, (0, 0))
@@ -267,9 +283,10 @@ def main() -> None:
         if args.rate > 0
         else (f"closed loop, {args.concurrency} batches in flight")
     )
+    apart = f", API apart from {args.split} `bleedwatch work` process(es)" if args.split else ""
     print(
         f"{len(timed)} timed batches of {args.batch} exchanges ({warm} more as warm-up), {mode}, "
-        f"{args.workers} worker(s)"
+        f"{args.workers} worker(s){apart}"
     )
     print(
         f"  {timed_ex / elapsed:,.0f} exchanges/s, {fps_rate:,.0f} fingerprints/s ({timed_fps:,} in {elapsed:.1f} s, "
@@ -327,6 +344,8 @@ def main() -> None:
                 "rate": args.rate,
                 "batch": args.batch,
                 "workers": args.workers,
+                "split": args.split,
+                "queue_shards": args.queue_shards,
                 "exchanges_s": timed_ex / elapsed,
                 "fps_s": fps_rate,
                 "p50_ms": percentile(latencies, 0.5) * 1000,

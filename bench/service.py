@@ -38,6 +38,9 @@ class Running:
     env: dict[str, str]
     pid: int
     redis_url: str = REDIS_URL
+    # With `work_processes`: each `bleedwatch work` process's pid and metrics URL (the API processes nothing).
+    worker_pids: tuple[int, ...] = ()
+    worker_urls: tuple[str, ...] = ()
 
     def key(self, role: str) -> str:
         out = subprocess.run(
@@ -84,14 +87,21 @@ def redis_nodes(url: str) -> list[redis.Redis]:
 
 @contextmanager
 def running_service(
-    workers: int = 1, *, own_redis: bool = False, cluster_masters: int = 0, **settings: str
+    workers: int = 1, *, own_redis: bool = False, cluster_masters: int = 0, work_processes: int = 0, **settings: str
 ) -> Iterator[Running]:
+    """``work_processes`` > 0: the API with BLEEDWATCH_INGEST_WORKERS=0 and that many ``bleedwatch work``."""
     if own_redis or cluster_masters:
         cluster = {"redis_cluster": "true"} if cluster_masters else {}
         with (
             own_redis_server(cluster_masters) as url,
             running_service(
-                workers, own_redis=False, cluster_masters=0, redis_url=url, **cluster, **settings
+                workers,
+                own_redis=False,
+                cluster_masters=0,
+                work_processes=work_processes,
+                redis_url=url,
+                **cluster,
+                **settings,
             ) as running,
         ):
             yield running
@@ -115,25 +125,34 @@ def running_service(
         | {f"BLEEDWATCH_{k.upper()}": v for k, v in settings.items()}
     )
     server = None
+    work: list[subprocess.Popen[bytes]] = []
     # `kill` (SIGTERM) unwinds like Ctrl-C, so a stopped run removes its keys and schema too.
     stopped = signal.signal(signal.SIGTERM, _exit)
     try:
         subprocess.run([BLEEDWATCH, "migrate"], env=env, check=True, capture_output=True)
         port = free_port()
-        server = subprocess.Popen([BLEEDWATCH, "serve", "--port", str(port)], env=env)
+        api_env = env | ({"BLEEDWATCH_INGEST_WORKERS": "0"} if work_processes else {})
+        server = subprocess.Popen([BLEEDWATCH, "serve", "--port", str(port)], env=api_env)
         url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        yield Running(url, env, server.pid, redis_url)
+        worker_urls = []
+        for _ in range(work_processes):
+            work_port = free_port()
+            work.append(subprocess.Popen([BLEEDWATCH, "work", "--port", str(work_port)], env=env))
+            worker_urls.append(f"http://127.0.0.1:{work_port}")
+        for ready in [url, *worker_urls]:
+            for _ in range(200):
+                try:
+                    if httpx.get(f"{ready}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        yield Running(url, env, server.pid, redis_url, tuple(p.pid for p in work), tuple(worker_urls))
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
+        for proc in [p for p in (server, *work) if p is not None]:
+            proc.terminate()
+        for proc in [p for p in (server, *work) if p is not None]:
+            proc.wait(timeout=30)
         for node in redis_nodes(redis_url):  # one key per UNLINK: a cluster refuses keys of several slots
             with node.pipeline(transaction=False) as pipe:
                 for key in node.scan_iter(match=f"{prefix}:*", count=1000):

@@ -82,6 +82,7 @@ def make_index(settings: Settings) -> Index:
         settings.common_prompt_tenants,
         settings.common_tenants,
         settings.index_bucket_bits,
+        settings.ingest_queue_shards,
     )
 
 

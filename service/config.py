@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     accepted_key_ids: Annotated[frozenset[str], NoDecode] = frozenset()
     # Ingest queue (service/ingest/worker.py): batches accepted but not yet processed.
     ingest_queue_max_batches: int = Field(1_000, ge=1)
+    # Streams the queue is spread over (service/index/queue.py ShardedQueue); 1 = one stream, as on one node.
+    ingest_queue_shards: int = Field(1, ge=1, le=256)
     # Batches processed at once, per process; 0 = none: an API replica whose batches `bleedwatch work` processes.
     ingest_workers: int = Field(4, ge=0, le=64)
     ingest_wait_seconds: float = Field(30.0, ge=0)  # how long an answer without Prefer: respond-async waits

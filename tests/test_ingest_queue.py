@@ -306,10 +306,10 @@ async def test_a_worker_outlives_an_error_that_is_no_outage(
         real = type(queue).take
         errors = [AttributeError("'NoneType' object has no attribute 'writelines'")]
 
-        async def flaky(self: Any, consumer: str, block_seconds: float) -> Any:
+        async def flaky(self: Any, consumer: str, block_seconds: float, lane: int = 0) -> Any:
             if errors:
                 raise errors.pop(0)
-            return await real(self, consumer, block_seconds)
+            return await real(self, consumer, block_seconds, lane)
 
         monkeypatch.setattr(type(queue), "take", flaky)
 

@@ -12,10 +12,15 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 - ``p:{p:queue}:exchanges``                stream of accepted ingest batches not yet processed
 - ``p:{p:queue}:dead``                     batches that failed processing too often, kept for an operator
 - ``p:{p:queue}:result:<id>``              what processing one batch concluded, for a caller waiting on it
+- ``p:{p:queue:<i>}:exchanges``, ``:dead``, ``:result:<id>``  the same for queue shard i >= 1
+                                           (``BLEEDWATCH_INGEST_QUEUE_SHARDS``; shard 0 is the keys above)
 - ``p:rl:v1:{<api key id>}``               token bucket of one API key (service/ratelimit.py), short TTL
 
 The hash tag of the index keys is the key id and the fingerprint's first byte, so one Lua
 call can handle every fingerprint of a batch that falls into one shard on one cluster slot.
+Each ingest queue shard has a hash tag of its own, so on a cluster the shards' streams spread
+over the slots (and so the nodes), while a shard's stream, dead letters and results stay
+together for its transactions.
 
 Index hashes (``ix2``). With ``b`` = ``BLEEDWATCH_INDEX_BUCKET_BITS``, the first ``b`` bits of a
 fingerprint name its hash: 8 bits the shard, the next ``b - 8`` the bucket. The field is the
@@ -89,14 +94,25 @@ class Keys:
 
     @property
     def queue(self) -> str:
-        return f"{self.prefix}:{{{self.prefix}:queue}}:exchanges"
+        return self.queue_shard(0)
 
     @property
     def dead_letters(self) -> str:
-        return f"{self.prefix}:{{{self.prefix}:queue}}:dead"
+        return self.dead_letters_shard(0)
 
-    def queue_result(self, item_id: str) -> str:
-        return f"{self.prefix}:{{{self.prefix}:queue}}:result:{item_id}"
+    def queue_result(self, item_id: str, shard: int = 0) -> str:
+        return f"{self._queue_base(shard)}:result:{item_id}"
+
+    def queue_shard(self, shard: int) -> str:
+        return f"{self._queue_base(shard)}:exchanges"
+
+    def dead_letters_shard(self, shard: int) -> str:
+        return f"{self._queue_base(shard)}:dead"
+
+    def _queue_base(self, shard: int) -> str:
+        """Shard 0 is the single queue of before there were shards: same keys, nothing to migrate."""
+        tag = f"{self.prefix}:queue" if shard == 0 else f"{self.prefix}:queue:{shard}"
+        return f"{self.prefix}:{{{tag}}}"
 
     def rate_limit(self, api_key_id: str) -> str:
         return f"{self.prefix}:rl:v1:{{{api_key_id}}}"

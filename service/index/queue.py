@@ -58,10 +58,12 @@ return 1
 class RedisQueue:
     durable = True
 
-    def __init__(self, client: Redis | RedisCluster, keys: Keys) -> None:
+    def __init__(self, client: Redis | RedisCluster, keys: Keys, shard: int = 0) -> None:
         self._r = client
         self._keys = keys
-        self._key = keys.queue
+        self._shard = shard
+        self._key = keys.queue_shard(shard)
+        self._dead = keys.dead_letters_shard(shard)
         self._group = Group(client, self._key, GROUP)
 
     async def put(self, item: bytes, max_items: int) -> str | None:
@@ -69,12 +71,17 @@ class RedisQueue:
         item_id = await self._r.eval(_PUT, 1, self._key, max_items, item)
         return None if item_id is None else entry_id(item_id)
 
-    async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None:
+    async def take(self, consumer: str, block_seconds: float, lane: int = 0) -> tuple[str, bytes] | None:
+        """``block_seconds`` 0: answer at once."""
         await self._group.ensure()
         metrics.REDIS_ROUND_TRIPS.inc()
         try:
             reply = await self._r.xreadgroup(
-                GROUP, consumer, {self._key: ">"}, count=1, block=max(1, int(block_seconds * 1000))
+                GROUP,
+                consumer,
+                {self._key: ">"},
+                count=1,
+                block=max(1, int(block_seconds * 1000)) if block_seconds > 0 else None,
             )
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
@@ -116,15 +123,13 @@ class RedisQueue:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.xack(self._key, GROUP, item_id)
             pipe.xdel(self._key, item_id)
-            pipe.set(self._keys.queue_result(item_id), result, ex=RESULT_SECONDS)
+            pipe.set(self._keys.queue_result(item_id, self._shard), result, ex=RESULT_SECONDS)
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
     async def bury(self, item_id: str, item: bytes, reason: str) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.xadd(
-                self._keys.dead_letters, {"b": item, "id": item_id, "reason": reason}
-            )  # never trimmed: an alert pages
+            pipe.xadd(self._dead, {"b": item, "id": item_id, "reason": reason})  # never trimmed: an alert pages
             pipe.xack(self._key, GROUP, item_id)
             pipe.xdel(self._key, item_id)
             metrics.REDIS_ROUND_TRIPS.inc()
@@ -132,7 +137,7 @@ class RedisQueue:
 
     async def result(self, item_id: str) -> bytes | None:
         metrics.REDIS_ROUND_TRIPS.inc()
-        value: Any = await self._r.get(self._keys.queue_result(item_id))
+        value: Any = await self._r.get(self._keys.queue_result(item_id, self._shard))
         return None if value is None else bytes(value)
 
     async def size(self) -> int:
@@ -141,11 +146,97 @@ class RedisQueue:
 
     async def dead_size(self) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
-        return int(await self._r.xlen(self._keys.dead_letters))
+        return int(await self._r.xlen(self._dead))
 
     async def requeue_dead(self, count: int) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
-        return int(await self._r.eval(_REQUEUE, 2, self._key, self._keys.dead_letters, count))
+        return int(await self._r.eval(_REQUEUE, 2, self._key, self._dead, count))
+
+
+class ShardedQueue:
+    """``BLEEDWATCH_INGEST_QUEUE_SHARDS`` streams as one queue: on a Redis Cluster one stream is one
+    node's work (every put, take, hold and finish of every replica), the shards spread it.
+
+    A batch goes to the shards in turn (one that is full passes it on; the bound is split evenly).
+    Each of a process's worker tasks has a home shard, its ``lane``: it takes from there first,
+    then from the others, and waits on its home when all are empty, so with at least as many
+    worker tasks in all as shards every shard has a reader waiting. Item ids carry their shard
+    (``<stream id>@<shard>``), so hold, finish, result and bury reach its stream; reclaim and dead
+    letters work per shard, sizes are sums. Shard 0 is the single queue's stream: going from one
+    shard to several loses nothing queued (going back strands the other shards' batches).
+    """
+
+    durable = True
+
+    def __init__(self, shards: list[RedisQueue]) -> None:
+        self._shards = shards
+        self._next = itertools.count()
+
+    def _of(self, item_id: str) -> tuple[RedisQueue, str]:
+        stream_id, _, shard = item_id.partition("@")
+        return self._shards[int(shard or 0)], stream_id
+
+    def _named(self, shard: int, stream_id: str) -> str:
+        return f"{stream_id}@{shard}" if shard else stream_id
+
+    async def put(self, item: bytes, max_items: int) -> str | None:
+        n = len(self._shards)
+        each = -(-max_items // n)
+        start = next(self._next)
+        for k in range(n):
+            shard = (start + k) % n
+            item_id = await self._shards[shard].put(item, each)
+            if item_id is not None:
+                return self._named(shard, item_id)
+        return None
+
+    async def take(self, consumer: str, block_seconds: float, lane: int = 0) -> tuple[str, bytes] | None:
+        n = len(self._shards)
+        home = lane % n
+        for k in range(n):
+            shard = (home + k) % n
+            taken = await self._shards[shard].take(consumer, 0)
+            if taken is not None:
+                return self._named(shard, taken[0]), taken[1]
+        taken = await self._shards[home].take(consumer, block_seconds)
+        return None if taken is None else (self._named(home, taken[0]), taken[1])
+
+    async def reclaim(self, consumer: str, min_idle_seconds: float, count: int) -> list[tuple[str, bytes, int]]:
+        out = []
+        for shard, queue in enumerate(self._shards):
+            for item_id, item, deliveries in await queue.reclaim(consumer, min_idle_seconds, count):
+                out.append((self._named(shard, item_id), item, deliveries))
+        return out
+
+    async def hold(self, consumer: str, item_id: str) -> bool:
+        queue, stream_id = self._of(item_id)
+        return await queue.hold(consumer, stream_id)
+
+    async def finish(self, item_id: str, result: bytes) -> None:
+        queue, stream_id = self._of(item_id)
+        await queue.finish(stream_id, result)
+
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
+        queue, stream_id = self._of(item_id)
+        await queue.bury(stream_id, item, reason)
+
+    async def result(self, item_id: str) -> bytes | None:
+        queue, stream_id = self._of(item_id)
+        return await queue.result(stream_id)
+
+    async def size(self) -> int:
+        return sum([await queue.size() for queue in self._shards])
+
+    async def dead_size(self) -> int:
+        return sum([await queue.dead_size() for queue in self._shards])
+
+    async def requeue_dead(self, count: int) -> int:
+        moved = 0
+        for queue in self._shards:  # each shard's dead letters back into its own stream
+            moved += await queue.requeue_dead(count - moved)
+            if moved >= count:
+                break
+        return moved
 
 
 class MemoryQueue:
@@ -169,7 +260,7 @@ class MemoryQueue:
         self._arrived.set()
         return item_id
 
-    async def take(self, consumer: str, block_seconds: float) -> tuple[str, bytes] | None:
+    async def take(self, consumer: str, block_seconds: float, lane: int = 0) -> tuple[str, bytes] | None:
         deadline = time.monotonic() + block_seconds
         while True:
             fresh = next((i for i in self._items if i not in self._taken), None)

@@ -37,7 +37,7 @@ from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
-from service.index.queue import RedisQueue
+from service.index.queue import RedisQueue, ShardedQueue
 from service.index.window import Window
 
 # A single Redis runs consecutive shards in one Lua call, up to this many records: few round
@@ -237,6 +237,7 @@ class RedisIndex:
         common_prompt_tenants: int,
         common_tenants: int,
         bucket_bits: int,
+        queue_shards: int = 1,
     ) -> None:
         if not SHARD_BITS <= bucket_bits <= SHARD_BITS + 16:
             raise ValueError(f"bucket bits must be between {SHARD_BITS} and {SHARD_BITS + 16}")
@@ -252,6 +253,7 @@ class RedisIndex:
         self._tenant_cache: dict[str, int] = {}
         self._outbox: Outbox | None = None
         self._queue: Queue | None = None
+        self._queue_shards = queue_shards
 
     @property
     def client(self) -> RedisClient:
@@ -264,7 +266,8 @@ class RedisIndex:
 
     def queue(self) -> Queue:
         if self._queue is None:
-            self._queue = RedisQueue(self._r, self._keys)
+            shards = [RedisQueue(self._r, self._keys, i) for i in range(self._queue_shards)]
+            self._queue = shards[0] if len(shards) == 1 else ShardedQueue(shards)
         return self._queue
 
     @property

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 import uuid
@@ -68,7 +69,9 @@ class IngestWorker:
         self._stopping = False
         if self._concurrency == 0:  # an API replica whose batches `bleedwatch work` processes: not even reclaims
             return
-        self._tasks = [asyncio.create_task(self._run(), name=f"ingest-{i}") for i in range(self._concurrency)]
+        # Each task's lane: its home shard of a sharded queue; a random start so processes cover different ones.
+        first = random.randrange(1 << 16)
+        self._tasks = [asyncio.create_task(self._run(first + i), name=f"ingest-{i}") for i in range(self._concurrency)]
         self._recovery = Periodic("ingest-recovery", self._recover, RECOVER_SECONDS)
         self._recovery.start()
 
@@ -81,11 +84,11 @@ class IngestWorker:
             await self._recovery.stop()
             self._recovery = None
 
-    async def _run(self) -> None:
+    async def _run(self, lane: int) -> None:
         # The embedded queue lives in this process and is not durable: it is emptied before exit.
         while not (self._stopping and self._queue.durable):
             try:
-                taken = await self._queue.take(self.consumer, TAKE_BLOCK_SECONDS)
+                taken = await self._queue.take(self.consumer, TAKE_BLOCK_SECONDS, lane)
             except OUTAGE as exc:
                 log.warning("ingest_queue_unreachable", extra={"exc_type": type(exc).__name__})
                 await asyncio.sleep(TAKE_BLOCK_SECONDS)
