@@ -136,6 +136,7 @@ async def test_a_worker_killed_in_the_middle_of_a_batch_loses_and_doubles_nothin
     keys = Keys(prefix)
     client = redis.RedisCluster.from_url(redis_cluster.url)
     procs: list[subprocess.Popen[bytes]] = []
+    nodes: list[redis.Redis] = []
     batches, leaks = heavy_batches(time.time())
     try:
         async with running_api(settings) as api:
@@ -149,15 +150,22 @@ async def test_a_worker_killed_in_the_middle_of_a_batch_loses_and_doubles_nothin
             assert sum(client.xlen(keys.queue_shard(s)) for s in range(SHARDS)) == len(batches)
             assert all(client.xlen(keys.queue_shard(s)) for s in range(SHARDS))  # every shard has some
 
+            nodes += [redis.Redis.from_url(node.url) for node in redis_cluster.nodes]
+
+            def started() -> bool:
+                """A worker has written a batch's documents (the first step of processing one)."""
+                return any(next(node.scan_iter(match=f"{prefix}:doc:*", count=1000), None) for node in nodes)
+
             doomed = work(env, free_port(), tmp_path)
             procs.append(doomed)
-            while not pending(client, keys):  # it has taken a batch and is at it
-                assert time.monotonic() < deadline, "the first worker never took a batch"
+            while not (pending(client, keys) and started()):  # it holds batches and is at one of them
+                assert time.monotonic() < deadline, "the first worker never started a batch"
                 await asyncio.sleep(0.01)
             doomed.send_signal(signal.SIGKILL)
             doomed.wait(timeout=10)
             held = pending(client, keys)
             assert sum(held.values()) >= 1, held  # killed holding at least one unfinished batch
+            assert started()
 
             procs.append(work(env, free_port(), tmp_path))
             while sum(client.xlen(keys.queue_shard(s)) for s in range(SHARDS)) or pending(client, keys):
@@ -180,9 +188,7 @@ async def test_a_worker_killed_in_the_middle_of_a_batch_loses_and_doubles_nothin
             assert all(await index.done([_idempotency_key(ex) for ex in exchanges], time.time()))
         finally:
             await index.close()
-        docs = 0
-        for node in redis_cluster.nodes:
-            docs += sum(1 for _ in redis.Redis.from_url(node.url).scan_iter(match=f"{prefix}:doc:*", count=1000))
+        docs = sum(sum(1 for _ in node.scan_iter(match=f"{prefix}:doc:*", count=1000)) for node in nodes)
         assert docs == 2 * len(exchanges)
     finally:
         for proc in procs:
@@ -192,6 +198,8 @@ async def test_a_worker_killed_in_the_middle_of_a_batch_loses_and_doubles_nothin
         client.close()
         for node in redis_cluster.nodes:
             _drop_prefix(prefix, node.url)
+        for one in nodes:
+            one.close()
 
 
 def test_sharded_queue_status_from_the_cli_sums_the_shards(redis_cluster: RedisClusterServers) -> None:
