@@ -5,8 +5,9 @@ a replica's worker (service/ingest/worker.py) then calls ``process``. A batch is
 least once: all of it is indexed and its findings committed (or, with the database unreachable,
 held in the outbox: service/ingest/outbox.py) before the idempotency mark per (tenant, request
 id) is written, and the queue entry is finished last. A batch processed again after any failure
-is harmless: the index keeps one entry per tenant, findings are upserts, and exchanges already
-marked are counted as duplicates.
+is harmless: its documents keep the refs given at acceptance (no second copy of any), the index
+keeps one entry per tenant, findings are upserts, and exchanges already marked are counted as
+duplicates.
 """
 
 from __future__ import annotations
