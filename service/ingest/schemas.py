@@ -45,6 +45,11 @@ class Meta(BaseModel):
     prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
     deployment: Label | None = None
     node: Label | None = None
+    end_user: Label | None = Field(
+        None,
+        description="The caller's own end-user id (OpenAI's `user`), kept under the tenant; never the tenant, "
+        "which comes from the gateway's authenticated identity.",
+    )
 
 
 class Exchange(BaseModel):
