@@ -45,6 +45,7 @@ SEVERITIES = ("low", "high", "critical")
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
 REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable")
+EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid")
 OTHER = "other"
 # Rules of service/deployments/rules.toml known today; service/deployments/risk.py sets every rule it loads.
 DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)
@@ -89,6 +90,8 @@ FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Finge
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
 # Batches refused inside the ingest handler, by reason; 401s and BodyLimit's 413s: the HTTP counter.
 INGEST_REJECTED = Counter("bleedwatch_ingest_rejected_total", "Ingest batches refused.", ["reason"])
+# Exchanges rejected alone, by reason (invalid, forbidden, payload_too_large); the rest of their batch was taken.
+EXCHANGES_REJECTED = Counter("bleedwatch_exchanges_rejected_total", "Exchanges refused alone.", ["reason"])
 # Whole ingest call: validation and queueing, plus processing when the caller waits for it.
 INGEST_DURATION = Histogram(
     "bleedwatch_ingest_duration_seconds", "Time to handle one ingest batch.", buckets=LATENCY_BUCKETS
@@ -211,6 +214,8 @@ for _kind in TEXT_KINDS:
     FINGERPRINTS_INGESTED.labels(_kind)
 for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
+for _reason in EXCHANGE_REJECT_REASONS:
+    EXCHANGES_REJECTED.labels(_reason)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
 for _severity in SEVERITIES:
