@@ -150,6 +150,7 @@ class BleedwatchClient:
         self.dropped = 0
         self.dropped_by_reason: collections.Counter[str] = collections.Counter()
         self.spooled = 0
+        self._spool_losses = 0  # the spool's skipped_records already counted as drops
 
     async def __aenter__(self) -> BleedwatchClient:
         self._start()
@@ -338,6 +339,13 @@ class BleedwatchClient:
         batch, self._pending = self._pending[:count], self._pending[count:]
         return batch
 
+    def _count_spool_losses(self) -> None:
+        """Spooled records that failed their check (a bad disk, a torn write): each is at least one
+        exchange lost, counted as a drop (``spool_corrupt``) like any other."""
+        if self._spool is not None and self._spool.skipped_records > self._spool_losses:
+            lost, self._spool_losses = self._spool.skipped_records - self._spool_losses, self._spool.skipped_records
+            self._drop(lost, "spool_corrupt")
+
     def _drop(self, exchanges: int, reason: str) -> None:
         """``reason`` is a short code (bounded: never a name or a value), the key of ``dropped_by_reason``."""
         self.dropped += exchanges
@@ -387,6 +395,7 @@ class BleedwatchClient:
         spool = self._spool
         while spool:
             record = await asyncio.to_thread(spool.peek)
+            self._count_spool_losses()
             if record is None:
                 return
             try:
@@ -398,7 +407,7 @@ class BleedwatchClient:
                 return  # still away: keep it for the next round
             else:
                 self._count(result)
-            await asyncio.to_thread(spool.commit, record.end)
+            await asyncio.to_thread(spool.commit, record.end, record.generation)
 
     async def _report_drops(self) -> None:
         """Tell the service how many exchanges were dropped (once per report, whatever the retries)."""
