@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 QUEUE_FULL_RETRY_SECONDS = 5
 
 
+class Purged(Forbidden):
+    """The exchange's tenant was purged after it happened: taking it would bring the data back."""
+
+    error = "purged"
+
+
+def _late(exchanges: list[tuple[int, Exchange]], tombstones: dict[str, float]) -> set[int]:
+    """Positions of exchanges from before their tenant's purge (queued, spooled or retried since)."""
+    return {i for i, ex in exchanges if ex.tenant in tombstones and ex.ts.timestamp() <= tombstones[ex.tenant]}
+
+
 @dataclass(frozen=True, slots=True)
 class Accepted:
     item_id: str | None  # None: nothing was queued (every exchange a duplicate or rejected)
@@ -87,7 +98,7 @@ class Ingestor:
         self._matcher = matcher
         self._sessions = sessions
         self.limits = limits
-        self._writer = writer or FindingsWriter(sessions, index.outbox())
+        self._writer = writer or FindingsWriter(sessions, index.outbox(), index.purged)
 
     @tracing.traced("accept")
     async def accept(self, raw: list[dict[str, Any]], body: bytes, caller: Caller) -> Accepted:
@@ -122,6 +133,13 @@ class Ingestor:
             seen.add((ex.tenant, ex.request_id))
             results.append(ExchangeResult(status="accepted"))
             valid.append((i, ex))
+        late = _late(valid, await self._index.purged(sorted({ex.tenant for _, ex in valid})))
+        for i in sorted(late):
+            gone = Purged(f"exchanges[{i}].tenant: the tenant was purged after this exchange; it is not kept")
+            metrics.EXCHANGES_REJECTED.labels(gone.error).inc()
+            first_error = first_error or gone
+            results[i] = ExchangeResult(status="rejected", error=gone.error, detail=gone.detail)
+        valid = [(i, ex) for i, ex in valid if i not in late]
         if not valid and first_error is not None:
             raise first_error
         done = await self._index.done([_idempotency_key(ex) for _, ex in valid], now)
@@ -222,6 +240,10 @@ class Ingestor:
         fresh = [(i, ex) for i, ex, d in zip(positions, exchanges, done, strict=True) if not d]
         duplicates = len(exchanges) - len(fresh)
         metrics.EXCHANGES_DUPLICATE.inc(duplicates)
+        late = _late(fresh, await self._index.purged(sorted({ex.tenant for _, ex in fresh})))
+        if late:  # accepted before their tenant was purged: dropped here, and counted
+            metrics.EXCHANGES_REJECTED.labels("purged").inc(len(late))
+            fresh = [(i, ex) for i, ex in fresh if i not in late]
         if not fresh:
             return 0, duplicates, 0
         tenants = await self._index.tenant_refs(sorted({ex.tenant for _, ex in fresh}))
