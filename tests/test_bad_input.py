@@ -180,3 +180,7 @@ async def test_one_bad_exchange_never_sinks_the_others(small_api: Api) -> None:
     status, body = await post(small_api, {"exchanges": batch[:2]})
     assert (status, [r["status"] for r in body["results"]]) == (202, ["duplicate", "rejected"])
     assert (body["accepted"], body["duplicates"], body["rejected"]) == (0, 1, 1)
+    # A valid batch part of which was ingested before: only the new exchange is queued, and processed.
+    status, body = await post(small_api, {"exchanges": [one(request_id="new", ts=time.time()), batch[0]]})
+    assert (status, [r["status"] for r in body["results"]]) == (202, ["accepted", "duplicate"])
+    assert (body["accepted"], body["duplicates"], body["processed"]) == (1, 1, True)

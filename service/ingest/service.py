@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,10 @@ class Accepted:
         )
 
 
+def _wire(item: Exchange | dict[str, Any]) -> dict[str, Any]:
+    return item.model_dump(mode="json", exclude_unset=True) if isinstance(item, Exchange) else item
+
+
 def _envelope(request_id: str | None, body: bytes) -> bytes:
     """The accepting request's id (never a newline: service/logging.py), a newline, the batch."""
     return (request_id or "").encode() + b"\n" + body
@@ -101,7 +106,7 @@ class Ingestor:
         self._writer = writer or FindingsWriter(sessions, index.outbox(), index.purged)
 
     @tracing.traced("accept")
-    async def accept(self, raw: list[dict[str, Any]], body: bytes, caller: Caller) -> Accepted:
+    async def accept(self, raw: Sequence[Exchange | dict[str, Any]], body: bytes, caller: Caller) -> Accepted:
         """Everything that can refuse an exchange happens here, before it is queued; nothing after.
 
         Each exchange is judged alone: one that is invalid, too large or for a tenant the key may
@@ -117,7 +122,7 @@ class Ingestor:
         seen: set[tuple[str, str]] = set()
         for i, item in enumerate(raw):
             try:
-                ex = parse_exchange(item, i)
+                ex = item if isinstance(item, Exchange) else parse_exchange(item, i)
                 check_exchange(ex, i, self.limits, now)
                 if caller.tenants is not None and ex.tenant not in caller.tenants:
                     raise Forbidden(f"exchanges[{i}].tenant: this API key may not report for that tenant")
@@ -156,7 +161,7 @@ class Ingestor:
             )
             return Accepted(None, answer)
         if len(fresh) < len(raw):  # queue only what is to be processed
-            body = orjson.dumps({"exchanges": [raw[i] for i, _ in fresh]})
+            body = orjson.dumps({"exchanges": [_wire(raw[i]) for i, _ in fresh]})
         item_id = await self._queue.put(_envelope(current_request_id(), body), self.queue_max_batches)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
