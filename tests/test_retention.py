@@ -140,10 +140,18 @@ async def test_purge_and_prune_from_the_cli(
         monkeypatch.setenv("BLEEDWATCH_DATA_DIR", str(settings.data_dir))
     else:
         monkeypatch.setenv("BLEEDWATCH_DATABASE_URL", settings.database_url)
+        monkeypatch.setenv("BLEEDWATCH_REDIS_URL", str(settings.redis_url))
+        monkeypatch.setenv("BLEEDWATCH_KEY_PREFIX", settings.key_prefix)
     assert await asyncio.to_thread(main, ["tenants", "purge", "globex"]) == 0
     out = capsys.readouterr().out
     assert "1 findings deleted" in out
     assert "1 incidents deleted" in out
+    if settings.redis_url is None:
+        assert "index: embedded, in the server's process" in out
+    else:  # the recipient's prompt and response
+        assert "index: 2 documents deleted, 0 queued batches rewritten, 0 held findings removed" in out
+        deps = api.client._transport.app.state.deps  # type: ignore[attr-defined]
+        assert list(await deps.index.purged(["globex", "acme"])) == ["globex"]
     assert await asyncio.to_thread(main, ["prune"]) == 0
     assert "pruned 0 findings (older than 90 days)" in capsys.readouterr().out
     entries = (await get(api, "/v1/audit", role=Role.ADMIN))["items"]
