@@ -302,7 +302,7 @@ class BleedwatchClient:
             result = await self.send(batch)
         except Rejected as exc:
             self.rejected += len(batch)  # resending the same bytes cannot succeed
-            self._drop(len(batch), exc.reason)
+            self._drop(len(batch), exc.reason, str(exc))
             if raise_errors:
                 raise
             return False
@@ -346,21 +346,30 @@ class BleedwatchClient:
             lost, self._spool_losses = self._spool.skipped_records - self._spool_losses, self._spool.skipped_records
             self._drop(lost, "spool_corrupt")
 
-    def _drop(self, exchanges: int, reason: str) -> None:
-        """``reason`` is a short code (bounded: never a name or a value), the key of ``dropped_by_reason``."""
+    def _drop(self, exchanges: int, reason: str, detail: str | None = None) -> None:
+        """``reason`` is a short code (bounded: never a name or a value), the key of ``dropped_by_reason``;
+        ``detail`` the service's message (the field and the rule, never a value), for the log."""
         self.dropped += exchanges
         self.dropped_by_reason[reason] += exchanges
         self._unreported += exchanges
-        log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, reason)
+        if detail:
+            log.error("bleedwatch: %d exchanges dropped (%s: %s)", exchanges, reason, detail[:300])
+        else:
+            log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, reason)
 
     def _count(self, result: dict[str, Any]) -> None:
         self.accepted += result["accepted"]
         self.duplicates += result["duplicates"]
         self.findings += result.get("findings") or 0
+        rejected: dict[str, tuple[int, str | None]] = {}  # reason -> count, first detail: one log line each
         for entry in result.get("results") or ():
             if entry.get("status") == "rejected":  # the rest of its batch was taken
-                self.rejected += 1
-                self._drop(1, _rejected(entry.get("error")))
+                reason, detail = _rejected(entry.get("error")), entry.get("detail")
+                count, first = rejected.get(reason, (0, detail if isinstance(detail, str) else None))
+                rejected[reason] = (count + 1, first)
+        for reason, (count, first) in rejected.items():
+            self.rejected += count
+            self._drop(count, reason, first)
 
     async def send(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Post one batch until it is accepted, refused for good, or the attempts run out."""
@@ -402,7 +411,7 @@ class BleedwatchClient:
                 result = await self._post(record.payload)
             except Rejected as exc:
                 self.rejected += record.exchanges
-                self._drop(record.exchanges, exc.reason)
+                self._drop(record.exchanges, exc.reason, str(exc))
             except Undelivered:
                 return  # still away: keep it for the next round
             else:
