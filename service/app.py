@@ -131,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         limiter = make_limiter(settings)
         # Findings held while the database was down, written by every replica when it is back.
-        writer = FindingsWriter(sessions, index.outbox())
+        writer = FindingsWriter(sessions, index.outbox(), index.purged)
         matcher = Matcher(index, known, thresholds(settings))
         ingestor = Ingestor(index, matcher, sessions, limits, writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.ingest.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
+
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -38,9 +40,9 @@ class Settings(BaseSettings):
     lists_refresh_seconds: float = Field(10.0, ge=0)
 
     # Input limits: every one answers 4xx with a message, never a silent drop.
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
-    max_batch_exchanges: int = Field(1000, ge=1)
-    max_fingerprints_per_text: int = Field(500_000, ge=1)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
+    max_batch_exchanges: int = Field(DEFAULT_MAX_BATCH_EXCHANGES, ge=1)
+    max_fingerprints_per_text: int = Field(DEFAULT_MAX_FINGERPRINTS_PER_TEXT, ge=1)
     max_future_seconds: int = Field(300, ge=0)
     # Exchanges older than this are refused; unset = the findings retention (a finding would be pruned at once).
     max_age_seconds: int | None = Field(None, ge=60)

@@ -44,7 +44,8 @@ def registry() -> CollectorRegistry:
 SEVERITIES = ("low", "high", "critical")
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
-REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable")
+REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable", "purged")
+EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid", "purged")
 OTHER = "other"
 # Rules of service/deployments/rules.toml known today; service/deployments/risk.py sets every rule it loads.
 DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)
@@ -89,6 +90,8 @@ FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Finge
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
 # Batches refused inside the ingest handler, by reason; 401s and BodyLimit's 413s: the HTTP counter.
 INGEST_REJECTED = Counter("bleedwatch_ingest_rejected_total", "Ingest batches refused.", ["reason"])
+# Exchanges rejected alone, by reason (invalid, forbidden, payload_too_large, purged: from before their tenant's purge).
+EXCHANGES_REJECTED = Counter("bleedwatch_exchanges_rejected_total", "Exchanges refused alone.", ["reason"])
 # Whole ingest call: validation and queueing, plus processing when the caller waits for it.
 INGEST_DURATION = Histogram(
     "bleedwatch_ingest_duration_seconds", "Time to handle one ingest batch.", buckets=LATENCY_BUCKETS
@@ -124,6 +127,8 @@ EXCHANGE_PROMPT_TOKENS = Histogram(
 SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gateways report as dropped.")
 # Findings the database could not take (unreachable), held in the index's outbox to be written later.
 FINDINGS_HELD = Counter("bleedwatch_findings_held_total", "Findings held for the database in the outbox.")
+# Findings dropped before being written because a tenant they involve was purged after their response.
+FINDINGS_PURGED = Counter("bleedwatch_findings_purged_total", "Findings dropped for a purged tenant.")
 # Findings waiting in the outbox right now (every replica reports the shared outbox's length).
 FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
 
@@ -211,6 +216,8 @@ for _kind in TEXT_KINDS:
     FINGERPRINTS_INGESTED.labels(_kind)
 for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
+for _reason in EXCHANGE_REJECT_REASONS:
+    EXCHANGES_REJECTED.labels(_reason)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
 for _severity in SEVERITIES:

@@ -151,11 +151,15 @@ async def test_ingest_keys_limited_to_tenants_through_the_api(api: Api) -> None:
     assert made.json()["tenants"] == ["acme"]
     gateway = {"Authorization": f"Bearer {made.json()['token']}"}
     exchanges, _ = leak_pair("argparse", "acme", "globex", time.time())
-    refused = await api.client.post("/v1/exchanges", json={"exchanges": exchanges}, headers=gateway)
+    refused = await api.client.post("/v1/exchanges", json={"exchanges": exchanges[1:]}, headers=gateway)
     assert refused.status_code == 403
     assert "globex" not in refused.text
-    ok = await api.client.post("/v1/exchanges", json={"exchanges": exchanges[:1]}, headers=gateway)
-    assert ok.status_code == 202
+    # The other tenant's exchange is rejected alone; the key's own tenant's is taken.
+    mixed = await api.client.post("/v1/exchanges", json={"exchanges": exchanges}, headers=gateway)
+    assert mixed.status_code == 202
+    results = [(r["status"], r["error"]) for r in mixed.json()["results"]]
+    assert results == [("accepted", None), ("rejected", "forbidden")]
+    assert "globex" not in mixed.text
 
 
 @pytest.mark.parametrize("settings", ["redis+postgres"], indirect=True)

@@ -2,7 +2,8 @@
 
 Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 
-- ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept forever)
+- ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept until the tenant is purged)
+- ``p:{p:tenants}:purged``                 tombstones: digest of a purged tenant's name -> "purge time ref"
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<ns>:<ref>``                     metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
@@ -71,6 +72,19 @@ class Keys:
     @property
     def tenant_seq(self) -> str:
         return f"{self.prefix}:{{{self.prefix}:tenants}}:seq"
+
+    @property
+    def tenant_tombstones(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:tenants}}:purged"
+
+    @staticmethod
+    def tenant_digest(name: str) -> str:
+        """A tombstone names the tenant by digest: purged means its name is not kept either."""
+        return hashlib.blake2b(name.encode(), digest_size=16, person=b"bw-tombstone").hexdigest()
+
+    def doc_pattern(self) -> str:
+        """Every document's metadata key (SCAN MATCH), for a purge."""
+        return f"{self.prefix}:doc:*"
 
     @property
     def doc_seq(self) -> str:

@@ -18,8 +18,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
 from service import metrics
+from service.index.base import Rewrite
 from service.index.keys import Keys
-from service.index.streams import Group, entries, entry_id
+from service.index.streams import Group, entries, entry_id, rewrite_stream
 
 GROUP = "ingest"
 RESULT_SECONDS = 300
@@ -147,6 +148,10 @@ class RedisQueue:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.eval(_REQUEUE, 2, self._key, self._keys.dead_letters, count))
 
+    async def rewrite(self, keep: Rewrite) -> int:
+        changed = await rewrite_stream(self._r, self._key, b"b", keep)
+        return changed + await rewrite_stream(self._r, self._keys.dead_letters, b"b", keep)
+
 
 class MemoryQueue:
     """For the embedded default: one process, so not durable; the worker empties it before exit."""
@@ -231,3 +236,22 @@ class MemoryQueue:
         for _, item, _ in moved:
             await self.put(item, max_items=len(self._items) + 1)
         return len(moved)
+
+    async def rewrite(self, keep: Rewrite) -> int:
+        changed = 0
+        for item_id, item in list(self._items.items()):
+            new = keep(item)
+            if new != item:
+                changed += 1
+                if new is None:
+                    self._drop(item_id)  # one a worker holds is finished by it as it was
+                else:
+                    self._items[item_id] = new
+        dead = []
+        for item_id, item, reason in self.dead:
+            new = keep(item)
+            changed += new != item
+            if new is not None:
+                dead.append((item_id, new, reason))
+        self.dead = dead
+        return changed

@@ -45,6 +45,7 @@ from service.index.window import Window
 # queue's XADD (the gateway's answer) never waits long behind the index work (2048: p99 117 ms
 # at half the maximum rate, 512: 28 ms, at the same throughput; docs/performance.md).
 RECORDS_PER_CALL = 512
+PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
 KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
 
@@ -503,6 +504,60 @@ class RedisIndex:
                 pipe.set(self._keys.done(key), gen, ex=self._window.ttl_seconds)
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
+
+    async def purged(self, names: list[str]) -> dict[str, float]:
+        if not names:
+            return {}
+        unique = sorted(set(names))
+        metrics.REDIS_ROUND_TRIPS.inc()
+        raws = await self._r.hmget(self._keys.tenant_tombstones, [self._keys.tenant_digest(n) for n in unique])
+        out = {}
+        for name, raw in zip(unique, raws, strict=True):
+            if raw is None:
+                continue
+            at, ref = raw.split()
+            out[name] = float(at)
+            if self._tenant_cache.get(name) == int(ref):  # cached here before another replica purged it
+                del self._tenant_cache[name]
+        return out
+
+    async def purge_tenant(self, name: str, now: float) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        ref = await self._r.hget(self._keys.tenant_names, name)
+        async with self._r.pipeline(transaction=True) as pipe:  # one hash tag: one slot
+            pipe.hset(self._keys.tenant_tombstones, self._keys.tenant_digest(name), f"{now!r} {int(ref or 0)}")
+            pipe.hdel(self._keys.tenant_names, name)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+        self._tenant_cache.pop(name, None)
+        # A document's metadata starts {"gen":<int>,"tenant":<name> (encode_doc): read only that much.
+        marker = b',"tenant":' + orjson.dumps(name) + b","
+        head = 8 + len(b'{"gen":') + 20 + len(marker)
+        deleted = 0
+        page: list[bytes] = []
+        async for key in self._r.scan_iter(match=self._keys.doc_pattern(), count=PURGE_PAGE):
+            page.append(key)
+            if len(page) >= PURGE_PAGE:
+                deleted += await self._purge_docs(page, marker, head)
+                page = []
+        return deleted + await self._purge_docs(page, marker, head)
+
+    async def _purge_docs(self, keys: list[bytes], marker: bytes, head: int) -> int:
+        if not keys:
+            return 0
+        async with self._r.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.getrange(key, 0, head - 1)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            starts = await pipe.execute()
+        gone = [key for key, start in zip(keys, starts, strict=True) if start and marker in bytes(start)[8:]]
+        if gone:
+            async with self._r.pipeline(transaction=False) as pipe:
+                for key in gone:  # one key a command: a cluster pipeline sends each to its node
+                    pipe.execute_command("UNLINK", key)
+                metrics.REDIS_ROUND_TRIPS.inc()
+                await pipe.execute()
+        return len(gone)
 
     async def stats(self) -> metrics.IndexStats:
         """For /metrics (cached there): keys in this Redis database and its used memory; two commands."""

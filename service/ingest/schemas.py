@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-RequestId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+from service.ingest.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=NAME_PATTERN)]
+Label = Annotated[str, StringConstraints(max_length=LABEL_MAX_CHARS, pattern=LABEL_PATTERN)]
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
 Scalar = str | int | float | bool | None
 
@@ -45,6 +47,11 @@ class Meta(BaseModel):
     prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
     deployment: Label | None = None
     node: Label | None = None
+    end_user: Label | None = Field(
+        None,
+        description="The caller's own end-user id (OpenAI's `user`), kept under the tenant; never the tenant, "
+        "which comes from the gateway's authenticated identity.",
+    )
 
 
 class Exchange(BaseModel):
@@ -67,9 +74,35 @@ class Batch(BaseModel):
     exchanges: list[Exchange] = Field(min_length=1)
 
 
+class Envelope(BaseModel):
+    """A batch as received: the body's shape only; each exchange is then validated on its own, so
+    one that does not fit ``Exchange`` is rejected alone (its ``results`` entry says why)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exchanges: list[dict[str, Any]] = Field(
+        min_length=1, description="Each of the Exchange schema; one that does not fit is rejected alone (results)."
+    )
+
+
+class ExchangeResult(BaseModel):
+    status: Literal["accepted", "duplicate", "rejected"] = Field(
+        description="accepted: queued (and indexed once processed); duplicate: this tenant and request id were "
+        "ingested before, or earlier in this batch; rejected: not kept, see error and detail."
+    )
+    error: str | None = Field(None, description="When rejected: invalid, forbidden or payload_too_large.")
+    detail: str | None = Field(
+        None, description="When rejected: the field (exchanges[i]...) and the rule, never the value."
+    )
+
+
 class IngestResult(BaseModel):
     accepted: int = Field(description="Exchanges of this batch not ingested before: queued, and indexed if processed.")
     duplicates: int = Field(description="Exchanges already ingested earlier (same tenant and request id).")
+    rejected: int = Field(0, description="Exchanges refused alone (see results); the others were taken.")
+    results: list[ExchangeResult] | None = Field(
+        None, description="One per exchange of the batch, in its order: accepted, duplicate, or rejected and why."
+    )
     findings: int | None = Field(
         description="Findings created or extended by this batch; null until it is processed (see processed)."
     )
