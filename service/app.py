@@ -17,6 +17,7 @@ from sqlalchemy import text
 from service import errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
+from service.auth.gate import AuthFailures, AuthGate
 from service.auth.keys import KeyVerifier
 from service.auth.routes import router as keys_router
 from service.body_limit import BodyLimit
@@ -130,6 +131,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.prune_interval_seconds,
         )
         limiter = make_limiter(settings)
+        auth_failures = AuthFailures(
+            make_limiter(
+                settings,
+                settings.auth_failures_per_second,
+                settings.auth_failures_burst,
+                Keys.auth_failures,
+                "bleedwatch-authfail",
+            )
+        )
         # Findings held while the database was down, written by every replica when it is back.
         writer = FindingsWriter(sessions, index.outbox())
         matcher = Matcher(index, known, thresholds(settings))
@@ -145,6 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
             risk=risk,
             limiter=limiter,
+            auth_failures=auth_failures,
             incidents=incidents,
         )
         # Stopped in the reverse order, each even if one before it raised: the workers first (after
@@ -153,6 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             running.push_async_callback(engine.dispose)
             running.push_async_callback(index.close)
             running.push_async_callback(limiter.close)
+            running.push_async_callback(auth_failures.close)
             await risk.start()  # the risk gauges, from the database, before the first scrape
             running.push_async_callback(risk.stop)
             await incidents.start()
@@ -176,7 +188,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(JsonOnly)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_other_bytes=settings.max_other_body_bytes)
+    app.add_middleware(AuthGate)  # outside the body limit: the key is checked before the body is read
     app.add_middleware(RequestContext)  # outermost: request id, access log, HTTP metrics
 
     @app.exception_handler(redis.exceptions.RedisError)

@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     lists_refresh_seconds: float = Field(10.0, ge=0)
 
     # Input limits: every one answers 4xx with a message, never a silent drop.
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)  # routes that carry fingerprints (service/body_limit.py)
+    max_other_body_bytes: int = Field(1024 * 1024, ge=1024)  # every other route
     max_batch_exchanges: int = Field(1000, ge=1)
     max_fingerprints_per_text: int = Field(500_000, ge=1)
     max_future_seconds: int = Field(300, ge=0)
@@ -54,6 +55,9 @@ class Settings(BaseSettings):
     # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.
     rate_limit_per_second: float = Field(50.0, ge=0)
     rate_limit_burst: int = Field(100, ge=1)
+    # Per client address: every refused API key takes a token; with none left, 429 (service/auth/gate.py); 0 = off.
+    auth_failures_per_second: float = Field(1.0, ge=0)
+    auth_failures_burst: int = Field(20, ge=1)
 
     # Incidents (docs/incidents.md): findings of one model and deployment within this gap are one incident.
     incident_quiet_seconds: int = Field(3600, ge=1)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from service.auth.gate import AuthFailures
 from service.auth.keys import KeyVerifier
 from service.config import Settings
 from service.deployments.risk import RiskMonitor
@@ -29,6 +30,7 @@ class AppDeps:
     known: KnownFingerprints
     risk: RiskMonitor
     limiter: RateLimiter
+    auth_failures: AuthFailures
     incidents: IncidentMonitor
 
 

@@ -203,6 +203,9 @@ RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index
 # --- HTTP -------------------------------------------------------------------------------------
 # Every HTTP response, by method, route template ("unmatched": no route fits the path) and status code.
 HTTP_REQUESTS = Counter("bleedwatch_http_requests_total", "HTTP responses.", ["method", "route", "code"])
+# API requests refused before their body was read: key missing, key invalid, or the address out of tries.
+AUTH_REFUSED = Counter("bleedwatch_auth_refused_total", "Requests refused for their API key.", ["reason"])
+AUTH_REFUSED_REASONS = ("missing", "invalid", "rate_limited")
 
 REDIS_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("redis")
 DATABASE_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("database")
@@ -222,6 +225,8 @@ for _rule in DEPLOYMENT_RISK_RULES:
     DEPLOYMENT_RISK_VIOLATIONS.labels(_rule).set(0)
 for _signal in ENGINE_SIGNAL_KINDS:
     ENGINE_SIGNALS.labels(_signal)
+for _reason in AUTH_REFUSED_REASONS:
+    AUTH_REFUSED.labels(_reason)
 for _backend in BACKENDS:
     BACKEND_ERRORS.labels(_backend)
     BACKEND_ROUND_TRIPS.labels(_backend)
