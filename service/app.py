@@ -19,6 +19,7 @@ from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
 from service.auth.gate import AuthFailures, AuthGate
 from service.auth.keys import KeyVerifier
+from service.auth.revocations import make_revocations
 from service.auth.routes import router as keys_router
 from service.body_limit import BodyLimit
 from service.canaries.routes import router as canaries_router
@@ -131,6 +132,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.prune_interval_seconds,
         )
         limiter = make_limiter(settings)
+        keys = KeyVerifier(sessions, settings.api_key_cache_seconds, settings.api_key_stale_seconds)
+        revocations = make_revocations(settings, keys)
         auth_failures = AuthFailures(
             make_limiter(
                 settings,
@@ -152,7 +155,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             index=index,
             ingestor=ingestor,
             known=known,
-            keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
+            keys=keys,
+            revocations=revocations,
             risk=risk,
             limiter=limiter,
             auth_failures=auth_failures,
@@ -165,6 +169,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             running.push_async_callback(index.close)
             running.push_async_callback(limiter.close)
             running.push_async_callback(auth_failures.close)
+            await revocations.start()
+            running.push_async_callback(revocations.stop)
             await risk.start()  # the risk gauges, from the database, before the first scrape
             running.push_async_callback(risk.stop)
             await incidents.start()

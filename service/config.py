@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     prune_interval_seconds: float = Field(3600.0, ge=0)  # 0 = no background pruning (use bleedwatch prune)
 
     api_key_cache_seconds: float = Field(10.0, ge=0)
+    # While the database is down, a cached key keeps working this long past its cache period, no longer.
+    api_key_stale_seconds: float = Field(300.0, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=0, le=65535)
     workers: int = Field(1, ge=1)

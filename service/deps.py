@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from service.auth.gate import AuthFailures
 from service.auth.keys import KeyVerifier
+from service.auth.revocations import Revocations
 from service.config import Settings
 from service.deployments.risk import RiskMonitor
 from service.incidents.monitor import IncidentMonitor
@@ -27,6 +28,7 @@ class AppDeps:
     index: Index
     ingestor: Ingestor
     keys: KeyVerifier
+    revocations: Revocations
     known: KnownFingerprints
     risk: RiskMonitor
     limiter: RateLimiter

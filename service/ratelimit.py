@@ -3,8 +3,10 @@
 
 With Redis the bucket lives there, one small Lua script per request, so every replica draws on
 the same bucket; it uses Redis' clock, so replicas' clocks do not matter. The embedded default
-keeps buckets in process. If Redis cannot be reached the request is let through (and counted as
-a Redis error): refusing every read because the limiter is down would hide an incident.
+keeps buckets in process. If Redis cannot be reached the limiter falls back to in-process
+buckets (and counts a Redis error): refusing every read because the limiter is down would hide
+an incident, and letting everything through would hand the outage to whoever floods first.
+Each process then limits on its own, so the replicas together allow a multiple of the rate.
 """
 
 from __future__ import annotations
@@ -102,14 +104,15 @@ class RedisLimiter:
         self.rate = rate
         self.burst = burst
         self._take = client.register_script(TAKE)
+        self._fallback = MemoryLimiter(rate, burst)  # while Redis is unreachable
 
     async def take(self, key_id: str) -> float:
         try:
             wait_ms = await self._take(keys=[self._bucket(self._keys, key_id)], args=[self.rate, self.burst])
         except (redis.exceptions.RedisError, OSError) as exc:
             metrics.BACKEND_ERRORS.labels("redis").inc()
-            log.warning("rate_limit_unavailable", extra={"exc_type": type(exc).__name__})
-            return 0.0
+            log.warning("rate_limit_fallback", extra={"exc_type": type(exc).__name__})
+            return await self._fallback.take(key_id)
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(wait_ms) / 1000
 

@@ -5,6 +5,11 @@ Verified keys are cached for ``api_key_cache_seconds`` so ingest does not read t
 per batch. Key ids that are unknown or revoked are cached apart, in a bounded cache of their
 own, so a flood of random ids costs one query each at most and never evicts a known key; a
 token that cannot be a key (wrong shape) is refused without a query at all.
+
+A revocation is published on Redis (``service/auth/revocations.py``) and every process drops the
+key at once. While the database is down a known key is used from the cache, but only for
+``api_key_stale_seconds`` past its cache period: a revocation this process missed cannot keep a
+key alive for the whole outage. An id refused before an outage stays refused during it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import hmac
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy.exc
@@ -85,14 +90,18 @@ DB_DOWN = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSErr
 @dataclass(frozen=True, slots=True)
 class _Known:
     expires: float  # monotonic: reload from the database after this
+    stale_until: float  # monotonic: past this, a database outage refuses the key (503) too
     secret_hash: str
     caller: Caller
 
 
 class KeyVerifier:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], cache_seconds: float) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], cache_seconds: float, stale_seconds: float = 300.0
+    ) -> None:
         self._sessions = sessions
         self._cache_seconds = cache_seconds
+        self._stale_seconds = stale_seconds
         self._known: dict[str, _Known] = {}
         self._unknown: dict[str, float] = {}  # key id -> monotonic time to look again
         self._touched: dict[str, float] = {}  # key id -> when last_used_at was last written
@@ -120,19 +129,23 @@ class KeyVerifier:
             try:
                 loaded = await self._load(key_id)
             except DB_DOWN:
-                if known is None:
+                if known is None or known.stale_until < now:
                     if key_id in self._unknown:
                         return None  # refused before the outage: stays refused
                     raise
-                # Stale if error: a database outage must not stop gateways whose keys we know.
-                loaded = (known.secret_hash, known.caller)
-            if loaded is None:
-                self._known.pop(key_id, None)
-                _remember(self._unknown, key_id, now + self._cache_seconds, MAX_UNKNOWN)
-                return None
-            self._unknown.pop(key_id, None)
-            known = _Known(now + self._cache_seconds, *loaded)
-            _remember(self._known, key_id, known, MAX_KNOWN)
+                # Stale if error: a database outage must not stop gateways whose keys we know,
+                # up to stale_until, which a failed reload does not move; retried once a period.
+                known = replace(known, expires=now + self._cache_seconds)
+                self._known[key_id] = known
+            else:
+                if loaded is None:
+                    self._known.pop(key_id, None)
+                    _remember(self._unknown, key_id, now + self._cache_seconds, MAX_UNKNOWN)
+                    return None
+                self._unknown.pop(key_id, None)
+                expires = now + self._cache_seconds
+                known = _Known(expires, expires + self._stale_seconds, *loaded)
+                _remember(self._known, key_id, known, MAX_KNOWN)
         if not hmac.compare_digest(known.secret_hash, _hash(secret)):
             return None
         with contextlib.suppress(*DB_DOWN):
@@ -140,9 +153,19 @@ class KeyVerifier:
         return known.caller
 
     def forget(self, key_id: str) -> None:
-        """Drop a cached key (after revoking it here): this replica refuses it at once."""
+        """A key was revoked (here, or on another process: a Redis message): refuse it at once,
+        during a database outage too."""
         self._known.pop(key_id, None)
         self._touched.pop(key_id, None)
+        _remember(self._unknown, key_id, time.monotonic() + self._cache_seconds, MAX_UNKNOWN)
+
+    def expire_all(self) -> None:
+        """Revocations may have been missed (the subscription was down): check every key again.
+
+        Stale-if-error still applies, so a database outage at the same time does not stop gateways.
+        """
+        now = time.monotonic()
+        self._known = {k: replace(v, expires=min(v.expires, now)) for k, v in self._known.items()}
 
     async def _load(self, key_id: str) -> tuple[str, Caller] | None:
         """The key's secret hash and caller; None if there is no such key or it is revoked."""
