@@ -229,12 +229,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/readyz", tags=["health"], summary="Redis and the database answer")
     async def readyz(deps: Deps) -> JSONResponse:
+        """Ready when both answer. ``durability`` says whether Redis keeps what was answered 202
+        (AOF and noeviction); a Redis that does not is still ready (the alert on
+        bleedwatch_redis_persistence_ok says so), refusing traffic would lose more."""
         checks: dict[str, str] = {}
         try:
             await deps.index.ping()
             checks["index"] = "ok"
         except (redis.exceptions.RedisError, OSError):
             checks["index"] = "unreachable"
+        detail: dict[str, str] = {}
+        if checks["index"] == "ok":
+            detail["durability"] = await _durability(deps.index)
         try:
             async with deps.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
@@ -242,7 +248,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except (sqlalchemy.exc.SQLAlchemyError, OSError):
             checks["database"] = "unreachable"
         ready = all(v == "ok" for v in checks.values())
-        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+        return JSONResponse({"ready": ready, "checks": checks, **detail}, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
     async def prometheus_metrics(deps: Deps) -> Response:
@@ -250,6 +256,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _durability(index: Index) -> str:
+    """``ok``, or what is missing: ``no_aof``, ``evicts:<policy>``; ``in_process`` for the embedded index."""
+    if not isinstance(index, metrics.ReportsDurability):
+        return "in_process"
+    try:
+        durability = await index.durability()
+    except (redis.exceptions.RedisError, OSError):
+        return "unknown"
+    metrics.REDIS_PERSISTENCE_OK.set(int(durability.ok))
+    missing = ([] if durability.aof else ["no_aof"]) + (
+        [] if durability.eviction_policy == "noeviction" else [f"evicts:{durability.eviction_policy}"]
+    )
+    return ",".join(missing) or "ok"
 
 
 def _unavailable(detail: str) -> JSONResponse:

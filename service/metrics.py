@@ -197,6 +197,12 @@ BACKEND_ROUND_TRIPS = Counter("bleedwatch_backend_round_trips_total", "Backend r
 INDEX_ITEMS = Gauge("bleedwatch_index_items", "Items in the index.", multiprocess_mode="mostrecent")
 # Memory the index uses: Redis used_memory, or an estimate for the in-process index.
 INDEX_MEMORY = Gauge("bleedwatch_index_memory_bytes", "Memory used by the index.", multiprocess_mode="mostrecent")
+# 1 when the Redis in use keeps what was answered 202 (AOF on, maxmemory-policy noeviction, every node), else 0.
+REDIS_PERSISTENCE_OK = Gauge(
+    "bleedwatch_redis_persistence_ok",
+    "Whether the Redis in use persists accepted batches (AOF, noeviction).",
+    multiprocess_mode="min",
+)
 # BLEEDWATCH_RETENTION_SECONDS: fingerprints stay matchable at least this long.
 RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index.", multiprocess_mode="max")
 
@@ -216,6 +222,7 @@ for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
+REDIS_PERSISTENCE_OK.set(0)
 for _severity in SEVERITIES:
     FINDINGS.labels(_severity)
     OPEN_INCIDENTS.labels(_severity).set(0)
@@ -260,6 +267,7 @@ def configure(settings: Settings) -> None:
     MODELS.enabled, MODELS.limit = settings.metrics_model_label, settings.metrics_max_models
     NODES.enabled, NODES.limit = settings.metrics_node_labels, settings.metrics_max_nodes
     RETENTION.set(settings.retention_seconds)
+    REDIS_PERSISTENCE_OK.set(0)  # until Redis says otherwise; the embedded in-process index keeps nothing
 
 
 def _model_label(model: str, *, count_overflow: bool) -> str | None:
@@ -344,6 +352,23 @@ class ReportsStats(Protocol):
     async def stats(self) -> IndexStats: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Whether Redis keeps what bleedwatch answered 202 for: the queue, idempotency marks, outbox."""
+
+    aof: bool  # every node appends writes to its AOF (a restart replays them)
+    eviction_policy: str  # maxmemory-policy; a node's that is not noeviction, if any
+
+    @property
+    def ok(self) -> bool:
+        return self.aof and self.eviction_policy == "noeviction"
+
+
+@runtime_checkable
+class ReportsDurability(Protocol):
+    async def durability(self) -> Durability: ...
+
+
 class IndexStatsCache:
     """Index size and memory for /metrics, asked of the backend at most every ``max_age_seconds``.
 
@@ -367,6 +392,13 @@ class IndexStatsCache:
             return
         INDEX_ITEMS.set(stats.items)
         INDEX_MEMORY.set(stats.memory_bytes)
+        if isinstance(index, ReportsDurability):
+            try:
+                durability = await asyncio.wait_for(index.durability(), self.timeout_seconds)
+            except (redis.exceptions.RedisError, OSError, TimeoutError):
+                BACKEND_ERRORS.labels("redis").inc()
+                return
+            REDIS_PERSISTENCE_OK.set(int(durability.ok))
 
 
 INDEX_STATS = IndexStatsCache()
