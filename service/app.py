@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis, RedisCluster
 from sqlalchemy import text
 
-from service import errors, metrics, tracing
+from service import audit, errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
 from service.auth.gate import AuthFailures, AuthGate
@@ -106,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             upgrade(settings)  # the embedded file is ours to keep current
         engine = make_engine(settings)
         metrics.configure(settings)
+        audit.configure(settings)
         metrics.instrument_engine(engine)
         tracing.configure(settings.tracing)
         sessions = make_sessionmaker(engine)

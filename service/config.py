@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     incidents_retention_days: int = Field(365, ge=1, le=36500)
     audit_retention_days: int = Field(365, ge=1, le=36500)
     prune_interval_seconds: float = Field(3600.0, ge=0)  # 0 = no background pruning (use bleedwatch prune)
+    # HMAC key of the tenant digests in audit entries (service/audit/log.py); unset = a file in data_dir.
+    audit_secret: SecretStr | None = Field(None, min_length=16)
 
     api_key_cache_seconds: float = Field(10.0, ge=0)
     # While the database is down, a cached key keeps working this long past its cache period, no longer.

@@ -6,8 +6,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from service.ingest.schemas import KeyId
+from service.names import NAME_PATTERN
 
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 
 
 Fingerprints = str | list[Annotated[int, Field(ge=0, lt=2**64)]]

@@ -15,10 +15,11 @@ from service.auth.keys import Caller, Role
 from service.db import session_scope
 from service.deps import Deps
 from service.errors import Invalid, common_responses
+from service.names import NAME_PATTERN
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=common_responses())
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
-Text = Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Text = Annotated[str | None, Query(max_length=128, pattern=NAME_PATTERN)]
 
 
 @router.get("", response_model=AuditPage, summary="The audit log, newest first")

@@ -7,8 +7,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from service.auth.keys import Role
 from service.ingest.schemas import Name
+from service.names import NAME_PATTERN
 
-KeyName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+KeyName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 
 
 class KeyIn(BaseModel):

@@ -14,12 +14,13 @@ from service.deployments.rules import RuleSet
 from service.deployments.schemas import DeploymentConfig, DeploymentOut, DeploymentPage
 from service.deps import Deps
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
+from service.names import DEPLOYMENT_ID_PATTERN
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 Reader = Annotated[Caller, Depends(require(*READERS))]
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 CREATED: dict[int | str, dict[str, Any]] = {201: {"model": DeploymentOut, "description": "created"}}
-DeploymentId = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f/]+$")]
+DeploymentId = Annotated[str, Path(min_length=1, max_length=256, pattern=DEPLOYMENT_ID_PATTERN)]
 
 
 def _out(row: Deployment, rules: RuleSet) -> DeploymentOut:

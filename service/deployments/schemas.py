@@ -7,9 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from service.names import DEPLOYMENT_ID_PATTERN, NAME_PATTERN
+
 # The same characters gateways may send as meta.deployment, less '/', which a path cannot hold.
-DeploymentId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f/]+$")]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+DeploymentId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=DEPLOYMENT_ID_PATTERN)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 EngineName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
 Tokens = Annotated[int, Field(ge=0, lt=2**53)]

@@ -7,9 +7,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from service.findings.schemas import Severity
+from service.names import NAME_PATTERN
 from service.signals.schemas import SignalOut
 
-Assignee = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Assignee = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Notes = Annotated[str, StringConstraints(max_length=10_000)]
 
 

@@ -7,9 +7,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-RequestId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+from service.names import NAME_PATTERN, OPTIONAL_NAME_PATTERN
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
+Label = Annotated[str, StringConstraints(max_length=256, pattern=OPTIONAL_NAME_PATTERN)]
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
 Scalar = str | int | float | bool | None
 
@@ -38,9 +40,10 @@ class Scheme(BaseModel):
 
 
 class Meta(BaseModel):
-    """Where the response was served. Extra scalar fields are kept as they are (up to 16)."""
+    """Where the response was served: these fields only. Free-form fields could carry raw text
+    (a prompt pasted into a "comment"), which bleedwatch must never hold, so any other is refused."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
     deployment: Label | None = None

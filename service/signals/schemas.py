@@ -8,8 +8,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+from service.names import NAME_PATTERN
+
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
+EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 MAX_EVENTS = 1000
 
 
