@@ -64,7 +64,9 @@ async def list_deployments(
     _: Reader,
     at_risk: Annotated[bool | None, Query(description="Only deployments violating (or not) some rule.")] = None,
     rule: Annotated[str | None, Query(max_length=64, description="Only deployments violating this rule.")] = None,
-    cursor: Annotated[str | None, Query(max_length=400)] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=256, pattern=DEPLOYMENT_ID_PATTERN, description="The last id of the page before.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> DeploymentPage:
     """By id. Pass ``next_cursor`` back as ``cursor`` for the next page."""
@@ -79,7 +81,7 @@ async def list_deployments(
         if rule is not None and all(v.rule != rule for v in out.violations):
             continue
         if len(items) == limit:
-            next_cursor = store.encode_cursor(items[-1].id)
+            next_cursor = items[-1].id
             break
         items.append(out)
     return DeploymentPage(items=items, next_cursor=next_cursor)

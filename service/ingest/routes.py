@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +27,25 @@ router = APIRouter(prefix="/v1", tags=["ingest"])
 _batch = TypeAdapter(Batch)
 
 
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its ``#/$defs/...`` references replaced by what they name (the models are
+    not recursive): inside the OpenAPI document those references would point at nothing."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
+
+
 @router.post(
     "/exchanges",
     status_code=202,
@@ -34,7 +53,10 @@ _batch = TypeAdapter(Batch)
     summary="Ingest a batch of fingerprinted exchanges",
     responses=responses(Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, Invalid, Unavailable),
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _batch.json_schema()}}}
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline_refs(_batch.json_schema())}},
+        }
     },
 )
 async def ingest_exchanges(

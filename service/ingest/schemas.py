@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from service.names import NAME_PATTERN, OPTIONAL_NAME_PATTERN
+from service.wire import NOT_TEXT, Moment
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 Label = Annotated[str, StringConstraints(max_length=256, pattern=OPTIONAL_NAME_PATTERN)]
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+# Integer fields take JSON integers only (service/wire.py), so "12" and true are refused, not coerced.
+U64_MAX = 2**64 - 1
 Scalar = str | int | float | bool | None
 
 
@@ -21,9 +23,9 @@ class Text(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    fingerprints: str | list[Annotated[int, Field(ge=0, lt=2**64)]]
-    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32)]]
-    token_count: int = Field(ge=0, lt=2**32)
+    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), NOT_TEXT]]
+    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]]
+    token_count: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
 
 
 class Scheme(BaseModel):
@@ -32,11 +34,13 @@ class Scheme(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1]
-    n: int = Field(ge=1, le=64)
-    w: int = Field(ge=1, le=256)
-    sample_after: int = Field(ge=0, lt=2**32)
-    sample_mod: int = Field(ge=1, lt=2**32)
-    response_w: int | None = Field(None, ge=1, le=256, description="The response's window; absent: w.")
+    n: Annotated[int, Field(ge=1, le=64), NOT_TEXT]
+    w: Annotated[int, Field(ge=1, le=256), NOT_TEXT]
+    sample_after: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
+    sample_mod: Annotated[int, Field(ge=1, lt=2**32), NOT_TEXT]
+    response_w: Annotated[int, Field(ge=1, le=256), NOT_TEXT] | None = Field(
+        None, description="The response's window; absent: w."
+    )
 
 
 class Meta(BaseModel):
@@ -45,7 +49,7 @@ class Meta(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
+    prompt_tokens: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT] | None = None
     deployment: Label | None = None
     node: Label | None = None
 
@@ -56,7 +60,7 @@ class Exchange(BaseModel):
     tenant: Name
     request_id: RequestId
     model: Label = Field(min_length=1)
-    ts: datetime
+    ts: Moment
     key_id: KeyId
     scheme: Scheme
     prompt: Text
@@ -99,7 +103,7 @@ class DropReport(BaseModel):
     report_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] = Field(
         description="Chosen by the SDK; a report sent again with the same id is counted once."
     )
-    count: int = Field(ge=1, le=10**9)
+    count: Annotated[int, Field(ge=1, le=10**9), NOT_TEXT]
 
 
 class DropResult(BaseModel):
