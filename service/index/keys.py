@@ -14,6 +14,8 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 - ``p:{p:queue}:dead``                     batches that failed processing too often, kept for an operator
 - ``p:{p:queue}:result:<id>``              what processing one batch concluded, for a caller waiting on it
 - ``p:rl:v1:{<api key id>}``               token bucket of one API key (service/ratelimit.py), short TTL
+- ``p:af:v1:{<client address>}``           token bucket of failed authentications from one address, short TTL
+- ``p:keys:revoked``                       pub/sub channel (no key): ids of API keys just revoked
 
 The hash tag of the index keys is the key id and the fingerprint's first byte, so one Lua
 call can handle every fingerprint of a batch that falls into one shard on one cluster slot.
@@ -114,6 +116,12 @@ class Keys:
 
     def rate_limit(self, api_key_id: str) -> str:
         return f"{self.prefix}:rl:v1:{{{api_key_id}}}"
+
+    def auth_failures(self, address: str) -> str:
+        return f"{self.prefix}:af:v1:{{{address}}}"
+
+    def revocations(self) -> str:
+        return f"{self.prefix}:keys:revoked"
 
     def shard(self, ns: str, shard: int) -> str:
         return f"{self.prefix}:{{{ns}:{shard:02x}}}:{INDEX_KEY_VERSION}"

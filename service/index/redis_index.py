@@ -559,6 +559,18 @@ class RedisIndex:
                 await pipe.execute()
         return len(gone)
 
+    async def durability(self) -> metrics.Durability:
+        """AOF and eviction policy of every node (INFO, which managed Redis allows where CONFIG is not)."""
+        metrics.REDIS_ROUND_TRIPS.inc(2)
+        every: dict[str, Any] = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(self._r, RedisCluster) else {}
+        persistence = await self._r.info("persistence", **every)
+        memory = await self._r.info("memory", **every)
+        nodes_p, nodes_m = _per_node(persistence), _per_node(memory)
+        aof = all(str(n.get("aof_enabled", "0")) == "1" for n in nodes_p)
+        policies = {str(n.get("maxmemory_policy", "unknown")) for n in nodes_m}
+        policy = next((p for p in sorted(policies) if p != "noeviction"), "noeviction")
+        return metrics.Durability(aof=aof, eviction_policy=policy)
+
     async def stats(self) -> metrics.IndexStats:
         """For /metrics (cached there): keys in this Redis database and its used memory; two commands."""
         metrics.REDIS_ROUND_TRIPS.inc(2)
@@ -567,3 +579,11 @@ class RedisIndex:
             items = sum(int(v) for v in items.values()) if isinstance(items, dict) else int(items)
             memory = {"used_memory": sum(int(m.get("used_memory", 0)) for m in memory.values())}
         return metrics.IndexStats(items=int(items), memory_bytes=int(memory["used_memory"]))
+
+
+def _per_node(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """INFO answers one node's fields, or (on a cluster, depending on the target) a dict per node."""
+    values = list(info.values())
+    if values and all(isinstance(v, dict) for v in values):
+        return values
+    return [info]

@@ -14,7 +14,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from service.errors import Invalid, PayloadTooLarge
 from service.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
-from service.ingest.limits import LABEL_MAX_CHARS, MAX_META_FIELDS
 from service.ingest.schemas import Batch, Exchange, Text
 
 _exchange = TypeAdapter(Exchange)
@@ -122,17 +121,6 @@ def check_exchange(ex: Exchange, i: int, limits: Limits, now: float) -> None:
             f"exchanges[{i}].key_id: not one of the fingerprint key ids this service accepts "
             "(BLEEDWATCH_ACCEPTED_KEY_IDS); check the gateway's fingerprint key"
         )
-    extra = ex.meta.model_extra or {}
-    if len(extra) > MAX_META_FIELDS:
-        raise Invalid(f"exchanges[{i}].meta: more than {MAX_META_FIELDS} extra fields")
-    for name, value in extra.items():
-        if not isinstance(value, str | int | float | bool | None) or (
-            isinstance(value, str) and len(value) > LABEL_MAX_CHARS
-        ):
-            raise Invalid(
-                f"exchanges[{i}].meta.{name[:64]}: extra fields must be scalars (strings up to {LABEL_MAX_CHARS} chars)"
-            )
-
 
 def decode_exchange(ex: Exchange, i: int, limits: Limits) -> tuple[Decoded, Decoded]:
     return (

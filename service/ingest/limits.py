@@ -2,20 +2,23 @@
 
 Defined once here, so a gateway never learns a limit from a refusal: the SDK (service/sdk/) drops
 and counts an exchange the service would reject before it travels, and never builds a body the
-service would refuse. This module imports nothing of the service, so the SDK stays free of it.
+service would refuse. This module imports only ``service.names``, which imports nothing of the
+service, so the SDK stays free of it.
 The ``DEFAULT_`` sizes are settings on the service (BLEEDWATCH_MAX_*); a gateway talking to a
 service configured otherwise passes the same values to ``BleedwatchClient``.
 """
 
 from __future__ import annotations
 
+from service.names import NAME_PATTERN as _NAME_PATTERN
+from service.names import OPTIONAL_NAME_PATTERN
+
 NAME_MAX_CHARS = 128  # exchanges[].tenant
 REQUEST_ID_MAX_CHARS = 256  # exchanges[].request_id
 LABEL_MAX_CHARS = 256  # model, meta labels and meta string values
-MAX_META_FIELDS = 16  # meta fields beyond the listed ones
-# Names and labels: no control characters (they would forge log lines and CSV rows).
-NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
-LABEL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+# Names and labels: no control or format characters (service/names.py says why).
+NAME_PATTERN = _NAME_PATTERN
+LABEL_PATTERN = OPTIONAL_NAME_PATTERN
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # BLEEDWATCH_MAX_BODY_BYTES
 DEFAULT_MAX_BATCH_EXCHANGES = 1000  # BLEEDWATCH_MAX_BATCH_EXCHANGES

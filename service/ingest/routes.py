@@ -38,13 +38,34 @@ def _request_schema() -> dict[str, object]:
     return schema
 
 
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its ``#/$defs/...`` references replaced by what they name (the models are
+    not recursive): inside the OpenAPI document those references would point at nothing."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
+
+
 @router.post(
     "/exchanges",
     status_code=202,
     response_model=IngestResult,
     summary="Ingest a batch of fingerprinted exchanges",
     responses=responses(Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, Invalid, Unavailable),
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _request_schema()}}}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": inline_refs(_request_schema())}}}
+    },
 )
 async def ingest_exchanges(
     request: Request, response: Response, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from service.ingest.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
+from service.wire import NOT_TEXT, Moment
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=NAME_PATTERN)]
 Label = Annotated[str, StringConstraints(max_length=LABEL_MAX_CHARS, pattern=LABEL_PATTERN)]
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+# Integer fields take JSON integers only (service/wire.py), so "12" and true are refused, not coerced.
+U64_MAX = 2**64 - 1
 Scalar = str | int | float | bool | None
 
 
@@ -21,9 +23,9 @@ class Text(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    fingerprints: str | list[Annotated[int, Field(ge=0, lt=2**64)]]
-    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32)]]
-    token_count: int = Field(ge=0, lt=2**32)
+    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), NOT_TEXT]]
+    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]]
+    token_count: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
 
 
 class Scheme(BaseModel):
@@ -32,19 +34,22 @@ class Scheme(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1]
-    n: int = Field(ge=1, le=64)
-    w: int = Field(ge=1, le=256)
-    sample_after: int = Field(ge=0, lt=2**32)
-    sample_mod: int = Field(ge=1, lt=2**32)
-    response_w: int | None = Field(None, ge=1, le=256, description="The response's window; absent: w.")
+    n: Annotated[int, Field(ge=1, le=64), NOT_TEXT]
+    w: Annotated[int, Field(ge=1, le=256), NOT_TEXT]
+    sample_after: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
+    sample_mod: Annotated[int, Field(ge=1, lt=2**32), NOT_TEXT]
+    response_w: Annotated[int, Field(ge=1, le=256), NOT_TEXT] | None = Field(
+        None, description="The response's window; absent: w."
+    )
 
 
 class Meta(BaseModel):
-    """Where the response was served. Extra scalar fields are kept as they are (up to 16)."""
+    """Where the response was served: these fields only. Free-form fields could carry raw text
+    (a prompt pasted into a "comment"), which bleedwatch must never hold, so any other is refused."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
-    prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
+    prompt_tokens: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT] | None = None
     deployment: Label | None = None
     node: Label | None = None
     end_user: Label | None = Field(
@@ -60,7 +65,7 @@ class Exchange(BaseModel):
     tenant: Name
     request_id: RequestId
     model: Label = Field(min_length=1)
-    ts: datetime
+    ts: Moment
     key_id: KeyId
     scheme: Scheme
     prompt: Text
@@ -129,7 +134,7 @@ class DropReport(BaseModel):
     report_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] = Field(
         description="Chosen by the SDK; a report sent again with the same id is counted once."
     )
-    count: int = Field(ge=1, le=10**9)
+    count: Annotated[int, Field(ge=1, le=10**9), NOT_TEXT]
 
 
 class DropResult(BaseModel):

@@ -4,7 +4,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-Tenant = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+from service.names import NAME_PATTERN
+
+Tenant = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 
 
 class PurgeIn(BaseModel):

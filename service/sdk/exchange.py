@@ -20,7 +20,6 @@ from service.fingerprint.scheme import (
 from service.ingest.limits import (
     LABEL_MAX_CHARS,
     LABEL_PATTERN,
-    MAX_META_FIELDS,
     NAME_MAX_CHARS,
     NAME_PATTERN,
     REQUEST_ID_MAX_CHARS,
@@ -95,21 +94,17 @@ def name_problem(exchange: Mapping[str, Any]) -> str | None:
     meta = exchange.get("meta") or {}
     if not isinstance(meta, Mapping):
         return "invalid:meta"
-    extra = 0
     for name, value in meta.items():
-        if name == "prompt_tokens":
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32):
-                return "invalid:meta"
-            continue
-        listed = name in _LISTED_META
-        extra += not listed
+        if name not in _LISTED_META and name != "prompt_tokens":
+            return "invalid:meta"  # listed fields only: free-form ones could carry raw text
         if value is None:
             continue
-        if listed and not (isinstance(value, str) and _LABEL.fullmatch(value)):
+        if name == "prompt_tokens":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
+                return "invalid:meta"
+        elif not (isinstance(value, str) and len(value) <= LABEL_MAX_CHARS and _LABEL.fullmatch(value)):
             return "invalid:meta"
-        if not isinstance(value, str | int | float | bool) or (isinstance(value, str) and len(value) > LABEL_MAX_CHARS):
-            return "invalid:meta"
-    return "invalid:meta" if extra > MAX_META_FIELDS else None
+    return None
 
 
 def fingerprint_count(text: Mapping[str, Any]) -> int:
