@@ -14,10 +14,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis, RedisCluster
 from sqlalchemy import text
 
-from service import errors, metrics, tracing
+from service import audit, errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
+from service.auth.gate import AuthFailures, AuthGate
 from service.auth.keys import KeyVerifier
+from service.auth.revocations import make_revocations
 from service.auth.routes import router as keys_router
 from service.body_limit import BodyLimit
 from service.canaries.routes import router as canaries_router
@@ -116,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             upgrade(settings)  # the embedded file is ours to keep current
         engine = make_engine(settings)
         metrics.configure(settings)
+        audit.configure(settings)
         metrics.instrument_engine(engine)
         tracing.configure(settings.tracing)
         sessions = make_sessionmaker(engine)
@@ -135,8 +138,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.prune_interval_seconds,
         )
         limiter = make_limiter(settings)
+        keys = KeyVerifier(sessions, settings.api_key_cache_seconds, settings.api_key_stale_seconds)
+        revocations = make_revocations(settings, keys)
+        auth_failures = AuthFailures(
+            make_limiter(
+                settings,
+                settings.auth_failures_per_second,
+                settings.auth_failures_burst,
+                Keys.auth_failures,
+                "bleedwatch-authfail",
+            )
+        )
         # Findings held while the database was down, written by every replica when it is back.
-        writer = FindingsWriter(sessions, index.outbox())
+        writer = FindingsWriter(sessions, index.outbox(), index.purged)
         matcher = Matcher(index, known, thresholds(settings))
         ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
@@ -147,9 +161,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             index=index,
             ingestor=ingestor,
             known=known,
-            keys=KeyVerifier(sessions, settings.api_key_cache_seconds),
+            keys=keys,
+            revocations=revocations,
             risk=risk,
             limiter=limiter,
+            auth_failures=auth_failures,
             incidents=incidents,
         )
         # Stopped in the reverse order, each even if one before it raised: the workers first (after
@@ -158,6 +174,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             running.push_async_callback(engine.dispose)
             running.push_async_callback(index.close)
             running.push_async_callback(limiter.close)
+            running.push_async_callback(auth_failures.close)
+            await revocations.start()
+            running.push_async_callback(revocations.stop)
             await risk.start()  # the risk gauges, from the database, before the first scrape
             running.push_async_callback(risk.stop)
             await incidents.start()
@@ -181,7 +200,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(JsonOnly)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_other_bytes=settings.max_other_body_bytes)
+    app.add_middleware(AuthGate)  # outside the body limit: the key is checked before the body is read
     app.add_middleware(RequestContext)  # outermost: request id, access log, HTTP metrics
 
     @app.exception_handler(redis.exceptions.RedisError)
@@ -215,12 +235,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/readyz", tags=["health"], summary="Redis and the database answer")
     async def readyz(deps: Deps) -> JSONResponse:
+        """Ready when both answer. ``durability`` says whether Redis keeps what was answered 202
+        (AOF and noeviction); a Redis that does not is still ready (the alert on
+        bleedwatch_redis_persistence_ok says so), refusing traffic would lose more."""
         checks: dict[str, str] = {}
         try:
             await deps.index.ping()
             checks["index"] = "ok"
         except (redis.exceptions.RedisError, OSError):
             checks["index"] = "unreachable"
+        detail: dict[str, str] = {}
+        if checks["index"] == "ok":
+            detail["durability"] = await _durability(deps.index)
         try:
             async with deps.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
@@ -228,7 +254,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except (sqlalchemy.exc.SQLAlchemyError, OSError):
             checks["database"] = "unreachable"
         ready = all(v == "ok" for v in checks.values())
-        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+        return JSONResponse({"ready": ready, "checks": checks, **detail}, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
     async def prometheus_metrics(deps: Deps) -> Response:
@@ -236,6 +262,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _durability(index: Index) -> str:
+    """``ok``, or what is missing: ``no_aof``, ``evicts:<policy>``; ``in_process`` for the embedded index."""
+    if not isinstance(index, metrics.ReportsDurability):
+        return "in_process"
+    try:
+        durability = await index.durability()
+    except (redis.exceptions.RedisError, OSError):
+        return "unknown"
+    metrics.REDIS_PERSISTENCE_OK.set(int(durability.ok))
+    missing = ([] if durability.aof else ["no_aof"]) + (
+        [] if durability.eviction_policy == "noeviction" else [f"evicts:{durability.eviction_policy}"]
+    )
+    return ",".join(missing) or "ok"
 
 
 def _unavailable(detail: str) -> JSONResponse:

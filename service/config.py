@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.ingest.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
 
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 
@@ -38,9 +40,12 @@ class Settings(BaseSettings):
     lists_refresh_seconds: float = Field(10.0, ge=0)
 
     # Input limits: every one answers 4xx with a message, never a silent drop.
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
-    max_batch_exchanges: int = Field(1000, ge=1)
-    max_fingerprints_per_text: int = Field(500_000, ge=1)
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES, ge=1024
+    )  # routes that carry fingerprints (service/body_limit.py)
+    max_other_body_bytes: int = Field(1024 * 1024, ge=1024)
+    max_batch_exchanges: int = Field(DEFAULT_MAX_BATCH_EXCHANGES, ge=1)
+    max_fingerprints_per_text: int = Field(DEFAULT_MAX_FINGERPRINTS_PER_TEXT, ge=1)
     max_future_seconds: int = Field(300, ge=0)
     # Exchanges older than this are refused; unset = the findings retention (a finding would be pruned at once).
     max_age_seconds: int | None = Field(None, ge=60)
@@ -57,6 +62,9 @@ class Settings(BaseSettings):
     # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.
     rate_limit_per_second: float = Field(50.0, ge=0)
     rate_limit_burst: int = Field(100, ge=1)
+    # Per client address: every refused API key takes a token; with none left, 429 (service/auth/gate.py); 0 = off.
+    auth_failures_per_second: float = Field(1.0, ge=0)
+    auth_failures_burst: int = Field(20, ge=1)
 
     # Incidents (docs/incidents.md): findings of one model and deployment within this gap are one incident.
     incident_quiet_seconds: int = Field(3600, ge=1)
@@ -76,8 +84,12 @@ class Settings(BaseSettings):
     incidents_retention_days: int = Field(365, ge=1, le=36500)
     audit_retention_days: int = Field(365, ge=1, le=36500)
     prune_interval_seconds: float = Field(3600.0, ge=0)  # 0 = no background pruning (use bleedwatch prune)
+    # HMAC key of the tenant digests in audit entries (service/audit/log.py); unset = a file in data_dir.
+    audit_secret: SecretStr | None = Field(None, min_length=16)
 
     api_key_cache_seconds: float = Field(10.0, ge=0)
+    # While the database is down, a cached key keeps working this long past its cache period, no longer.
+    api_key_stale_seconds: float = Field(300.0, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=0, le=65535)
     work_port: int = Field(8401, ge=0, le=65535)  # `bleedwatch work`: /metrics, /healthz, /readyz

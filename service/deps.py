@@ -8,7 +8,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from service.auth.gate import AuthFailures
 from service.auth.keys import KeyVerifier
+from service.auth.revocations import Revocations
 from service.config import Settings
 from service.deployments.risk import RiskMonitor
 from service.incidents.monitor import IncidentMonitor
@@ -26,9 +28,11 @@ class AppDeps:
     index: Index
     ingestor: Ingestor
     keys: KeyVerifier
+    revocations: Revocations
     known: KnownFingerprints
     risk: RiskMonitor
     limiter: RateLimiter
+    auth_failures: AuthFailures
     incidents: IncidentMonitor
 
 

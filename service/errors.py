@@ -11,8 +11,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 
 class ErrorBody(BaseModel):
@@ -107,6 +109,26 @@ def install(app: FastAPI) -> None:
         return _body(422, "invalid", "; ".join(problems))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed"}
-        return _body(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot read as JSON (invalid UTF-8, say): the same
+            # documented 422 as a body that is JSON of the wrong shape.
+            return _body(422, "invalid", "body: not JSON; send the request body as UTF-8 JSON")
+        headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request.app, request.url.path))}
+        return _body(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail), headers)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route takes at this path, for the ``Allow`` of a 405 (RFC 9110).
+
+    The router's own ``Allow`` names only the first route that matched the path, and one path
+    often has a route per method (GET and POST /v1/allowlist).
+    """
+    methods: set[str] = set()
+    for context in iter_route_contexts(app.routes):
+        if context.path is not None and compile_path(context.path)[0].match(path):
+            methods.update(context.methods or ())
+    return sorted(methods)

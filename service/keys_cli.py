@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+
+import redis.exceptions
+from redis.asyncio import Redis
 
 from service.auth.keys import Role, create_key, list_keys, revoke_key
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
+from service.index.keys import Keys
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -30,6 +35,17 @@ async def run(args: argparse.Namespace) -> int:
                 return 1
             else:
                 print(f"revoked {args.key_id}")
+                await _announce(settings, args.key_id)
     finally:
         await engine.dispose()
     return 0
+
+
+async def _announce(settings: Settings, key_id: str) -> None:
+    """Running replicas drop the key at once (service/auth/revocations.py); else within their cache period."""
+    if settings.redis_url is None:
+        return
+    client = Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    with contextlib.suppress(redis.exceptions.RedisError, OSError):
+        await client.publish(Keys(settings.key_prefix).revocations(), key_id)
+    await client.aclose()

@@ -44,7 +44,8 @@ def registry() -> CollectorRegistry:
 SEVERITIES = ("low", "high", "critical")
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
-REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable")
+REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable", "purged")
+EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid", "purged")
 OTHER = "other"
 # Rules of service/deployments/rules.toml known today; service/deployments/risk.py sets every rule it loads.
 DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)
@@ -89,6 +90,8 @@ FINGERPRINTS_INGESTED = Counter("bleedwatch_fingerprints_ingested_total", "Finge
 INGEST_BYTES = Counter("bleedwatch_ingest_bytes_total", "Bytes of ingest request bodies.")
 # Batches refused inside the ingest handler, by reason; 401s and BodyLimit's 413s: the HTTP counter.
 INGEST_REJECTED = Counter("bleedwatch_ingest_rejected_total", "Ingest batches refused.", ["reason"])
+# Exchanges rejected alone, by reason (invalid, forbidden, payload_too_large, purged: from before their tenant's purge).
+EXCHANGES_REJECTED = Counter("bleedwatch_exchanges_rejected_total", "Exchanges refused alone.", ["reason"])
 # Whole ingest call: validation and queueing, plus processing when the caller waits for it.
 INGEST_DURATION = Histogram(
     "bleedwatch_ingest_duration_seconds", "Time to handle one ingest batch.", buckets=LATENCY_BUCKETS
@@ -124,6 +127,8 @@ EXCHANGE_PROMPT_TOKENS = Histogram(
 SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gateways report as dropped.")
 # Findings the database could not take (unreachable), held in the index's outbox to be written later.
 FINDINGS_HELD = Counter("bleedwatch_findings_held_total", "Findings held for the database in the outbox.")
+# Findings dropped before being written because a tenant they involve was purged after their response.
+FINDINGS_PURGED = Counter("bleedwatch_findings_purged_total", "Findings dropped for a purged tenant.")
 # Findings waiting in the outbox right now (every replica reports the shared outbox's length).
 FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
 
@@ -197,12 +202,21 @@ BACKEND_ROUND_TRIPS = Counter("bleedwatch_backend_round_trips_total", "Backend r
 INDEX_ITEMS = Gauge("bleedwatch_index_items", "Items in the index.", multiprocess_mode="mostrecent")
 # Memory the index uses: Redis used_memory, or an estimate for the in-process index.
 INDEX_MEMORY = Gauge("bleedwatch_index_memory_bytes", "Memory used by the index.", multiprocess_mode="mostrecent")
+# 1 when the Redis in use keeps what was answered 202 (AOF on, maxmemory-policy noeviction, every node), else 0.
+REDIS_PERSISTENCE_OK = Gauge(
+    "bleedwatch_redis_persistence_ok",
+    "Whether the Redis in use persists accepted batches (AOF, noeviction).",
+    multiprocess_mode="min",
+)
 # BLEEDWATCH_RETENTION_SECONDS: fingerprints stay matchable at least this long.
 RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index.", multiprocess_mode="max")
 
 # --- HTTP -------------------------------------------------------------------------------------
 # Every HTTP response, by method, route template ("unmatched": no route fits the path) and status code.
 HTTP_REQUESTS = Counter("bleedwatch_http_requests_total", "HTTP responses.", ["method", "route", "code"])
+# API requests refused before their body was read: key missing, key invalid, or the address out of tries.
+AUTH_REFUSED = Counter("bleedwatch_auth_refused_total", "Requests refused for their API key.", ["reason"])
+AUTH_REFUSED_REASONS = ("missing", "invalid", "rate_limited")
 
 REDIS_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("redis")
 DATABASE_ROUND_TRIPS = BACKEND_ROUND_TRIPS.labels("database")
@@ -211,8 +225,11 @@ for _kind in TEXT_KINDS:
     FINGERPRINTS_INGESTED.labels(_kind)
 for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
+for _reason in EXCHANGE_REJECT_REASONS:
+    EXCHANGES_REJECTED.labels(_reason)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
+REDIS_PERSISTENCE_OK.set(0)
 for _severity in SEVERITIES:
     FINDINGS.labels(_severity)
     OPEN_INCIDENTS.labels(_severity).set(0)
@@ -222,6 +239,8 @@ for _rule in DEPLOYMENT_RISK_RULES:
     DEPLOYMENT_RISK_VIOLATIONS.labels(_rule).set(0)
 for _signal in ENGINE_SIGNAL_KINDS:
     ENGINE_SIGNALS.labels(_signal)
+for _reason in AUTH_REFUSED_REASONS:
+    AUTH_REFUSED.labels(_reason)
 for _backend in BACKENDS:
     BACKEND_ERRORS.labels(_backend)
     BACKEND_ROUND_TRIPS.labels(_backend)
@@ -255,6 +274,7 @@ def configure(settings: Settings) -> None:
     MODELS.enabled, MODELS.limit = settings.metrics_model_label, settings.metrics_max_models
     NODES.enabled, NODES.limit = settings.metrics_node_labels, settings.metrics_max_nodes
     RETENTION.set(settings.retention_seconds)
+    REDIS_PERSISTENCE_OK.set(0)  # until Redis says otherwise; the embedded in-process index keeps nothing
 
 
 def _model_label(model: str, *, count_overflow: bool) -> str | None:
@@ -339,6 +359,23 @@ class ReportsStats(Protocol):
     async def stats(self) -> IndexStats: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Whether Redis keeps what bleedwatch answered 202 for: the queue, idempotency marks, outbox."""
+
+    aof: bool  # every node appends writes to its AOF (a restart replays them)
+    eviction_policy: str  # maxmemory-policy; a node's that is not noeviction, if any
+
+    @property
+    def ok(self) -> bool:
+        return self.aof and self.eviction_policy == "noeviction"
+
+
+@runtime_checkable
+class ReportsDurability(Protocol):
+    async def durability(self) -> Durability: ...
+
+
 class IndexStatsCache:
     """Index size and memory for /metrics, asked of the backend at most every ``max_age_seconds``.
 
@@ -362,6 +399,13 @@ class IndexStatsCache:
             return
         INDEX_ITEMS.set(stats.items)
         INDEX_MEMORY.set(stats.memory_bytes)
+        if isinstance(index, ReportsDurability):
+            try:
+                durability = await asyncio.wait_for(index.durability(), self.timeout_seconds)
+            except (redis.exceptions.RedisError, OSError, TimeoutError):
+                BACKEND_ERRORS.labels("redis").inc()
+                return
+            REDIS_PERSISTENCE_OK.set(int(durability.ok))
 
 
 INDEX_STATS = IndexStatsCache()

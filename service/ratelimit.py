@@ -3,8 +3,10 @@
 
 With Redis the bucket lives there, one small Lua script per request, so every replica draws on
 the same bucket; it uses Redis' clock, so replicas' clocks do not matter. The embedded default
-keeps buckets in process. If Redis cannot be reached the request is let through (and counted as
-a Redis error): refusing every read because the limiter is down would hide an incident.
+keeps buckets in process. If Redis cannot be reached the limiter falls back to in-process
+buckets (and counts a Redis error): refusing every read because the limiter is down would hide
+an incident, and letting everything through would hand the outage to whoever floods first.
+Each process then limits on its own, so the replicas together allow a multiple of the rate.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import redis.exceptions
@@ -87,20 +90,29 @@ class MemoryLimiter:
 
 
 class RedisLimiter:
-    def __init__(self, client: Redis | RedisCluster, keys: Keys, rate: float, burst: int) -> None:
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        keys: Keys,
+        rate: float,
+        burst: int,
+        bucket: Callable[[Keys, str], str] = Keys.rate_limit,
+    ) -> None:
         self._client = client
         self._keys = keys
+        self._bucket = bucket
         self.rate = rate
         self.burst = burst
         self._take = client.register_script(TAKE)
+        self._fallback = MemoryLimiter(rate, burst)  # while Redis is unreachable
 
     async def take(self, key_id: str) -> float:
         try:
-            wait_ms = await self._take(keys=[self._keys.rate_limit(key_id)], args=[self.rate, self.burst])
+            wait_ms = await self._take(keys=[self._bucket(self._keys, key_id)], args=[self.rate, self.burst])
         except (redis.exceptions.RedisError, OSError) as exc:
             metrics.BACKEND_ERRORS.labels("redis").inc()
-            log.warning("rate_limit_unavailable", extra={"exc_type": type(exc).__name__})
-            return 0.0
+            log.warning("rate_limit_fallback", extra={"exc_type": type(exc).__name__})
+            return await self._fallback.take(key_id)
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(wait_ms) / 1000
 
@@ -108,21 +120,28 @@ class RedisLimiter:
         await self._client.aclose()
 
 
-def make_limiter(settings: Settings) -> RateLimiter:
-    if settings.rate_limit_per_second <= 0:
+def make_limiter(
+    settings: Settings,
+    rate: float | None = None,
+    burst: int | None = None,
+    bucket: Callable[[Keys, str], str] = Keys.rate_limit,
+    name: str = "bleedwatch-ratelimit",
+) -> RateLimiter:
+    """The per API key limiter by default; other buckets (failed authentication) pass their own."""
+    rate = settings.rate_limit_per_second if rate is None else rate
+    burst = settings.rate_limit_burst if burst is None else burst
+    if rate <= 0:
         return Unlimited()
     if settings.redis_url is None:
-        return MemoryLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+        return MemoryLimiter(rate, burst)
     client: Redis | RedisCluster
     if settings.redis_cluster:
         client = RedisCluster.from_url(
-            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, client_name="bleedwatch-ratelimit"
+            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, client_name=name
         )
     else:
-        client = Redis.from_url(
-            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, client_name="bleedwatch-ratelimit"
-        )
-    return RedisLimiter(client, Keys(settings.key_prefix), settings.rate_limit_per_second, settings.rate_limit_burst)
+        client = Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, client_name=name)
+    return RedisLimiter(client, Keys(settings.key_prefix), rate, burst, bucket)
 
 
 def retry_after(wait_seconds: float) -> str:

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from service import metrics, tracing
+from service import audit, metrics, tracing
 from service.app import limits, make_index, thresholds
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
@@ -54,6 +54,7 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings)
+        audit.configure(settings)  # incident events name tenants by their digest, as the API's do
         metrics.configure(settings)
         metrics.instrument_engine(engine)
         tracing.configure(settings.tracing)
@@ -63,7 +64,7 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
         grouping.configure(
             sessions, grouping.Policy(settings.incident_quiet_seconds, notify=settings.webhook_url is not None)
         )
-        writer = FindingsWriter(sessions, index.outbox())
+        writer = FindingsWriter(sessions, index.outbox(), index.purged)  # a purged tenant's findings are refused
         matcher = Matcher(index, KnownFingerprints(sessions, settings.lists_refresh_seconds), thresholds(settings))
         ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)

@@ -133,8 +133,8 @@ async def test_offsets_out_of_order_and_duplicate_requests(small_api: Api) -> No
     status, body = await post(small_api, {"exchanges": [bad]})
     assert (status, "strictly increasing" in body["detail"]) == (422, True)
     status, body = await post(small_api, {"exchanges": [one(), one()]})
-    assert status == 422
-    assert body["detail"].startswith("exchanges[1]: request_id repeats")
+    assert (status, body["accepted"], body["duplicates"]) == (202, 1, 1)
+    assert [r["status"] for r in body["results"]] == ["accepted", "duplicate"]
 
 
 async def test_not_json_is_415_or_422(small_api: Api) -> None:
@@ -145,11 +145,42 @@ async def test_not_json_is_415_or_422(small_api: Api) -> None:
     status, body = await post(small_api, {"exchanges": []})
     assert status == 422
     assert "exchanges" in body["detail"]
+    # Not a batch at all: refused whole, whatever its exchanges.
+    for shape in ({"exchanges": [one(), 1]}, {"exchanges": [one()], "extra": 1}, [one()], {"exchange": [one()]}):
+        status, body = await post(small_api, orjson.dumps(shape))
+        assert (status, body["error"]) == (422, "invalid"), shape
 
 
-async def test_a_rejected_batch_keeps_nothing(small_api: Api) -> None:
+async def test_a_batch_of_only_rejected_exchanges_keeps_nothing(small_api: Api) -> None:
     good = one(request_id="kept-out")
-    status, _ = await post(small_api, {"exchanges": [good, one(request_id="bad", key_id="zz")]})
-    assert status == 422
+    status, body = await post(small_api, {"exchanges": [one(request_id="bad", key_id="zz"), one(tenant="")]})
+    assert (status, body["error"]) == (422, "invalid")
+    assert body["detail"].startswith("exchanges[0].key_id")  # the first one's reason
     status, body = await post(small_api, {"exchanges": [good]})
-    assert (status, body) == (202, {"accepted": 1, "duplicates": 0, "findings": 0, "processed": True})
+    assert status == 202
+    assert (body["accepted"], body["duplicates"], body["rejected"], body["findings"]) == (1, 0, 0, 0)
+
+
+async def test_one_bad_exchange_never_sinks_the_others(small_api: Api) -> None:
+    """Issue 19: a 200-character tenant name once refused the whole batch, and the SDK dropped it all."""
+    long_tenant = one(request_id="bad", tenant="x" * 200)
+    too_many = exchange("acme", "long", " ".join(words(n) for n in ("argparse", "csv", "json")), "x", time.time())
+    batch = [one(request_id="kept"), long_tenant, too_many]
+    status, body = await post(small_api, {"exchanges": batch})
+    assert status == 202
+    assert (body["accepted"], body["duplicates"], body["rejected"], body["processed"]) == (1, 0, 2, True)
+    kept, bad, large = body["results"]
+    assert kept == {"status": "accepted", "error": None, "detail": None}
+    assert (bad["status"], bad["error"]) == ("rejected", "invalid")
+    assert bad["detail"].startswith("exchanges[1].tenant: String should have at most 128 characters")
+    assert "x" * 50 not in bad["detail"]
+    assert (large["status"], large["error"]) == ("rejected", "payload_too_large")
+    assert large["detail"].startswith("exchanges[2].prompt.fingerprints:")
+    # The one taken was indexed: sent again it is a duplicate, and the rejected one is still rejected.
+    status, body = await post(small_api, {"exchanges": batch[:2]})
+    assert (status, [r["status"] for r in body["results"]]) == (202, ["duplicate", "rejected"])
+    assert (body["accepted"], body["duplicates"], body["rejected"]) == (0, 1, 1)
+    # A valid batch part of which was ingested before: only the new exchange is queued, and processed.
+    status, body = await post(small_api, {"exchanges": [one(request_id="new", ts=time.time()), batch[0]]})
+    assert (status, [r["status"] for r in body["results"]]) == (202, ["accepted", "duplicate"])
+    assert (body["accepted"], body["duplicates"], body["processed"]) == (1, 1, True)

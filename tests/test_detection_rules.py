@@ -52,11 +52,23 @@ async def test_text_of_many_tenants_is_boilerplate(api: Api) -> None:
     assert await findings(api) == []
 
 
-async def test_two_tenants_are_not_yet_boilerplate(api: Api) -> None:
+async def test_text_one_other_tenant_sent_is_not_yet_boilerplate(api: Api) -> None:
     now = time.time()
     await post(api, ex("t0", "r0", LICENSE, words("json", 0, 30), now))
     await post(api, ex("t9", "r9", words("heapq"), "Quoting: " + LICENSE, now))
     assert [f["source_tenant"] for f in await findings(api)] == ["t0"]
+
+
+async def test_text_two_tenants_each_sent_is_no_ones_secret(api: Api) -> None:
+    now = time.time()
+    secret = words("argparse", 0, 60)
+    await post(api, ex("t0", "r0", LICENSE + " " + secret, words("json", 0, 30), now))
+    await post(api, ex("t1", "r1", "See: " + LICENSE, words("csv", 0, 30), now))
+    await post(api, ex("t9", "r9", words("heapq"), "Quoting: " + LICENSE, now))
+    assert await findings(api) == []
+    # What only one of them sent is still that one's.
+    await post(api, ex("t8", "r8", words("heapq"), "Quoting: " + LICENSE + " " + secret, now))
+    assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("t8", "t0")]
 
 
 async def test_the_recipients_own_earlier_prompt_is_self_echo(api: Api) -> None:

@@ -30,7 +30,7 @@ from service.sdk.client import BleedwatchClient
 from tests.conftest import ALL_BACKENDS, Api, running_api
 from tests.conftest import _truncate as truncate
 from tests.tcp_proxy import tcp_proxy
-from tests.traffic import exchange, words
+from tests.traffic import exchange, totals, words
 
 pytestmark = pytest.mark.anyio
 
@@ -124,7 +124,7 @@ async def test_findings_made_while_postgres_is_down_are_written_when_it_is_back(
             proxy.cut()  # PostgreSQL goes away; Redis stays
             answer = await post(api, leak)
             assert answer.status_code == 202, answer.text
-            assert answer.json() == {"accepted": 1, "duplicates": 0, "findings": 1, "processed": True}
+            assert totals(answer.json()) == {"accepted": 1, "duplicates": 0, "findings": 1, "processed": True}
             # More of the source arrives: the same response is evaluated again, held again.
             assert (await post(api, more)).status_code == 202
             assert (await post(api, leak)).json()["duplicates"] == 1
@@ -177,14 +177,14 @@ async def test_a_crash_before_the_finding_is_written_is_made_good_by_processing_
         # The first delivery indexed everything but wrote no finding and no idempotency mark; the
         # batch was then split, each exchange queued alone (the worker's isolation of a failure),
         # and the caller told it was accepted, not yet processed.
-        assert result == {"accepted": 2, "duplicates": 0, "findings": None, "processed": False}
+        assert totals(result) == {"accepted": 2, "duplicates": 0, "findings": None, "processed": False}
         deadline = time.monotonic() + 20
         while not (found := await findings(api)):
             assert time.monotonic() < deadline, "the finding was not made good"
             await asyncio.sleep(0.05)
         assert [(f["source_tenant"], f["recipient_request_id"]) for f in found] == [("tenant-a", "r-b")]
         await api.processed()
-        assert (await post(api, source, leak)).json() == {
+        assert totals((await post(api, source, leak)).json()) == {
             "accepted": 0,
             "duplicates": 2,
             "findings": 0,

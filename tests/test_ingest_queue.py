@@ -28,12 +28,13 @@ from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
 from service.index.base import Index, Queue
-from service.ingest import service as ingest_service
+from service.ingest import envelope
 from service.ingest import worker as worker_module
 from service.ingest.service import Ingestor
 from service.ingest.worker import queue_command
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
 from tests.test_end_to_end import assert_the_leak, findings, traffic
+from tests.traffic import totals
 
 pytestmark = pytest.mark.anyio
 
@@ -108,7 +109,7 @@ async def test_an_async_answer_comes_before_processing_and_the_finding_follows(a
     )
     assert resp.status_code == 202, resp.text
     assert resp.headers["preference-applied"] == "respond-async"
-    assert resp.json() == {"accepted": 2, "duplicates": 0, "findings": None, "processed": False}
+    assert totals(resp.json()) == {"accepted": 2, "duplicates": 0, "findings": None, "processed": False}
 
     async def found() -> bool:
         return len(await findings(api)) == 1
@@ -213,7 +214,7 @@ async def test_a_batch_that_keeps_failing_goes_to_the_dead_letters_and_back_once
             dead = [(f[b"b"], f[b"reason"].decode()) for _, f in entries]
         batch = resp.headers["x-request-id"].encode() + b"\n" + resp.request.content
         # Each exchange keeps the doc refs it was given at acceptance; otherwise it is the batch's own.
-        alone = [(rid, body) for rid, _, body in (ingest_service._open(item) for item, _ in dead)]
+        alone = [(rid, body) for rid, _, body in (envelope.unwrap(item) for item, _ in dead)]
         assert sorted(alone) == sorted(tuple(item.split(b"\n", 1)) for item in Ingestor.split(batch))
         assert {reason for _, reason in dead} == {"RuntimeError: a bug in processing"}
         assert await findings(api) == []
@@ -289,7 +290,7 @@ async def test_a_batch_is_retried_by_its_worker_while_a_backend_is_unreachable(
         resp = await api.client.post(
             "/v1/exchanges", json={"exchanges": batches["source"] + batches["leak"]}, headers=api.headers(Role.INGEST)
         )
-        assert resp.json() == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
+        assert totals(resp.json()) == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
         assert outages == []
         assert metrics.INGEST_FAILURES._value.get() == failures_before  # an outage is no failure
         assert_the_leak(await findings(api))
@@ -321,5 +322,5 @@ async def test_a_worker_outlives_an_error_that_is_no_outage(
         resp = await api.client.post(
             "/v1/exchanges", json={"exchanges": batches["source"] + batches["leak"]}, headers=api.headers(Role.INGEST)
         )
-        assert resp.json() == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
+        assert totals(resp.json()) == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
         assert_the_leak(await findings(api))

@@ -88,7 +88,7 @@ async def test_every_json_endpoint_wants_json_and_bounded_strings(api: Api) -> N
         ("POST", "/v1/exchanges"),
     ):
         for content_type in ("text/plain", "application/x-www-form-urlencoded"):
-            key = api.headers(Role.INGEST) if path == "/v1/exchanges" else admin
+            key = api.headers(Role.INGEST) if path in ("/v1/exchanges", "/v1/signals") else admin
             resp = await api.client.request(
                 method, path, content=b'{"tenant": "acme"}', headers=key | {"Content-Type": content_type}
             )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import func, select, update
 
@@ -17,14 +18,19 @@ from service.cli import main
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope, utcnow
 from service.findings.models import Finding
+from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.incidents.models import Incident
-from service.retention.jobs import Retention, prune
-from tests.conftest import Api, running_api
+from service.index.base import DocMeta, Index, Kind
+from service.ingest.outbox import encode_draft
+from service.matching.matcher import FindingDraft
+from service.retention.jobs import IndexPurged, Retention, prune, purge_tenant_index
+from tests.conftest import ALL_BACKENDS, Api, running_api
 from tests.incident_traffic import get, leak, patch, post
 from tests.traffic import exchange, words
 
 pytestmark = pytest.mark.anyio
 RETENTION = Retention(findings_days=90, incidents_days=365, audit_days=365)
+NS = "0123456789abcdef"
 
 
 async def counts(settings: Settings) -> dict[str, int]:
@@ -134,10 +140,18 @@ async def test_purge_and_prune_from_the_cli(
         monkeypatch.setenv("BLEEDWATCH_DATA_DIR", str(settings.data_dir))
     else:
         monkeypatch.setenv("BLEEDWATCH_DATABASE_URL", settings.database_url)
+        monkeypatch.setenv("BLEEDWATCH_REDIS_URL", str(settings.redis_url))
+        monkeypatch.setenv("BLEEDWATCH_KEY_PREFIX", settings.key_prefix)
     assert await asyncio.to_thread(main, ["tenants", "purge", "globex"]) == 0
     out = capsys.readouterr().out
     assert "1 findings deleted" in out
     assert "1 incidents deleted" in out
+    if settings.redis_url is None:
+        assert "index: embedded, in the server's process" in out
+    else:  # the recipient's prompt and response
+        assert "index: 2 documents deleted, 0 queued batches rewritten, 0 held findings removed" in out
+        deps = api.client._transport.app.state.deps  # type: ignore[attr-defined]
+        assert list(await deps.index.purged(["globex", "acme"])) == ["globex"]
     assert await asyncio.to_thread(main, ["prune"]) == 0
     assert "pruned 0 findings (older than 90 days)" in capsys.readouterr().out
     entries = (await get(api, "/v1/audit", role=Role.ADMIN))["items"]
@@ -145,3 +159,115 @@ async def test_purge_and_prune_from_the_cli(
         ("bleedwatch", "retention.prune"),
         ("cli", "tenants.purge"),
     ]
+
+
+def held_draft(recipient: str, source: str, minor: str | None, response_at: float) -> bytes:
+    """A finding as the outbox holds it while the database is down (service/ingest/outbox.py)."""
+    sources = [{"tenant": source, "request_id": "s-1"}] + ([{"tenant": minor, "request_id": "s-2"}] if minor else [])
+    return encode_draft(
+        FindingDraft(
+            key_id="0123456789abcdef",
+            recipient_tenant=recipient,
+            recipient_request_id=f"held-{recipient}",
+            source_tenant=source,
+            source_request_ids=["s-1"],
+            response_at=datetime.fromtimestamp(response_at, UTC),
+            model="m-1m",
+            deployment="pd-eu-1",
+            node="decode-3",
+            prompt_tokens=None,
+            response_tokens=80,
+            matched_fingerprints=40,
+            longest_run_words=40,
+            score=0.5,
+            severity="high",
+            evidence={"sources": sources},
+        )
+    )
+
+
+def batch_item(*exchanges: dict[str, Any]) -> bytes:
+    return b"req-1\n" + orjson.dumps({"exchanges": list(exchanges)})
+
+
+def tenants_of(item: bytes) -> list[str]:
+    return [ex["tenant"] for ex in orjson.loads(item.partition(b"\n")[2])["exchanges"]]
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_purge_reaches_documents_queued_and_dead_batches_and_held_findings(index: Index) -> None:
+    """Issue 19: the purge left Redis untouched, and draining the outbox re-created the findings."""
+    now = time.time()
+    acme = exchange("acme", "a-1", words("argparse"), words("json", 0, 30), now - 5)
+    hooli = exchange("hooli", "h-1", words("csv"), words("heapq", 0, 30), now - 5)
+    old_ref = (await index.tenant_refs(["acme", "hooli"]))["acme"]
+    first = await index.new_doc_refs(4)
+    owners = ["acme", "acme", "hooli", "hooli"]
+    metas = {
+        first + i: DocMeta(t, f"r-{i}", Kind(1 + i % 2), "m", now - 5, 10, {}, DEFAULT_PARAMS)
+        for i, t in enumerate(owners)
+    }
+    await index.put_docs(NS, metas, now)
+    queue = index.queue()
+    assert await queue.put(batch_item(acme, hooli), 100) is not None
+    taken = await queue.take("crashed", 1.0)
+    assert taken is not None
+    await queue.bury(taken[0], taken[1], "RuntimeError: a bug")  # a dead letter, both tenants
+    for item in (batch_item(acme, hooli), batch_item(acme), batch_item(hooli)):
+        assert await queue.put(item, 100) is not None
+    outbox = index.outbox()
+    await outbox.hold([held_draft("acme", "globex", None, now), held_draft("hooli", "globex", "acme", now)])
+    await outbox.hold([held_draft("initech", "globex", None, now)])
+
+    done = await purge_tenant_index(index, "acme", now)
+
+    assert done == IndexPurged(documents=2, batches=3, held_findings=2)
+    assert sorted(await index.get_docs(NS, list(metas), now)) == [first + 2, first + 3]
+    assert await index.purged(["acme", "hooli"]) == {"acme": now}
+    assert (await index.tenant_refs(["acme"]))["acme"] != old_ref  # its name is forgotten
+    waiting = []
+    while (next_item := await queue.take("worker", 0.05)) is not None:
+        waiting.append(tenants_of(next_item[1]))
+    assert waiting == [["hooli"], ["hooli"]]  # acme's alone is gone, the mixed one rewritten
+    assert await queue.requeue_dead(10) == 1
+    revived = await queue.take("worker", 1.0)
+    assert revived is not None
+    assert tenants_of(revived[1]) == ["hooli"]
+    drafts = [orjson.loads(raw)["draft"] for _, raw in await outbox.claim("writer", 10, 0)]
+    assert sorted((d["recipient_tenant"], [s["tenant"] for s in d["evidence"]["sources"]]) for d in drafts) == [
+        ("hooli", ["globex"]),
+        ("initech", ["globex"]),
+    ]
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_after_a_purge_work_from_before_it_is_refused(api: Api) -> None:
+    now = time.time()
+    await leak(api, "argparse", "acme", "globex", now - 10)
+    deps = api.client._transport.app.state.deps  # type: ignore[attr-defined]
+    resp = await api.client.post("/v1/tenants/purge", json={"tenant": "acme"}, headers=api.headers(Role.ADMIN))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["documents_deleted"] == 2
+
+    # A gateway's retry or spool replay of the tenant's earlier exchange: rejected alone.
+    late = exchange("acme", "late", words("socket"), words("csv", 0, 50), now - 5)
+    other = exchange("hooli", "h-1", words("heapq"), "fine", now - 5)
+    answer = await post(api, [late, other])
+    assert [(r["status"], r["error"]) for r in answer["results"]] == [("rejected", "purged"), ("accepted", None)]
+    # A batch accepted before the purge and processed after it: the tenant's exchange is not indexed.
+    queued = exchange("acme", "queued", words("socket"), words("argparse", 60, 110), now - 4)
+    result = await deps.ingestor.process(batch_item(queued, exchange("initech", "i-1", words("json"), "ok", now - 4)))
+    assert (result.accepted, result.findings) == (1, 0)
+    docs = await deps.index.get_docs(queued["key_id"], list(range(1, 100)), time.time())
+    assert sorted({m.tenant for m in docs.values()}) == ["globex", "hooli", "initech"]
+    # A finding held for the database before the purge, drained after it: not written back.
+    held = [held_draft("acme", "globex", None, now - 5), held_draft("globex", "acme", None, now - 5)]
+    await deps.index.outbox().hold(held)
+    deadline = time.monotonic() + 30
+    while await deps.index.outbox().size():
+        assert time.monotonic() < deadline, "the outbox was not drained"
+        await asyncio.sleep(0.05)
+    assert (await get(api, "/v1/findings"))["items"] == []
+    # The tenant may be served again: what happens after the purge is taken.
+    fresh = exchange("acme", "after", words("difflib"), "ok", time.time() + 1)
+    assert (await post(api, [fresh]))["accepted"] == 1

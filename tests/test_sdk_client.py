@@ -16,9 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.auth.keys import Role
+from service.config import Settings
+from service.ingest.limits import NAME_MAX_CHARS
 from service.local_server import free_port, local_server
 from service.sdk.client import BleedwatchClient, Rejected, Undelivered, retry_after
-from tests.traffic import exchange, words
+from tests.sim_stack import BLEEDWATCH, bleedwatch
+from tests.traffic import KEY, exchange, words
 
 pytestmark = pytest.mark.anyio
 
@@ -30,12 +34,14 @@ class Script:
     answers: list[tuple[int, dict[str, str]]]
     seen: list[tuple[float, int]] = field(default_factory=list)
     prefer: list[str | None] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def ingest(request: Request) -> Response:
             body = orjson.loads(await request.body())
             self.seen.append((time.monotonic(), len(body["exchanges"])))
             self.prefer.append(request.headers.get("prefer"))
+            self.sizes.append(len(await request.body()))
             status, headers = self.answers[min(len(self.seen), len(self.answers)) - 1]
             if status == 202:
                 return JSONResponse({"accepted": len(body["exchanges"]), "duplicates": 0, "findings": 0}, 202)
@@ -102,6 +108,7 @@ async def test_4xx_is_rejected_at_once_with_the_servers_message(scripted: tuple[
     assert info.value.status == 422
     assert len(script.seen) == 1
     assert client.rejected == 3
+    assert client.dropped_by_reason == {"rejected:x": 3}
     await client.aclose()
 
 
@@ -136,3 +143,56 @@ def test_retry_after_forms() -> None:
     later = retry_after(email.utils.formatdate(now + 30, usegmt=True), now)
     assert later is not None
     assert 28 <= later <= 31
+
+
+async def test_the_service_rejects_one_exchange_and_the_client_keeps_the_others(settings: Settings) -> None:
+    """Against the real service: an exchange only the service can judge (its clock) is rejected
+    alone; the client counts it as a drop with its reason and the rest of the batch is taken."""
+    future = exchange("acme", "r-late", words("json", 0, 40), words("csv", 0, 40), time.time() + 86400)
+    async with bleedwatch(settings) as (api, transport):
+        async with BleedwatchClient(BLEEDWATCH, api.tokens[Role.INGEST], transport=transport) as client:
+            for ex in [*batch(2), future]:
+                await client.submit(ex)
+            await client.flush()
+            assert (client.accepted, client.rejected, client.dropped) == (2, 1, 1)
+            assert client.dropped_by_reason == {"rejected:invalid": 1}
+            # A batch the service refuses whole (none of it could be taken) counts each exchange, by reason.
+            await client.submit(exchange("acme", "r-late-2", "a b c d e", "f g h i j", time.time() + 86400))
+            with pytest.raises(Rejected):
+                await client.flush()
+            assert client.dropped_by_reason == {"rejected:invalid": 2}
+        await api.processed()
+
+
+@pytest.mark.parametrize("scripted", [[(202, {})]], indirect=True)
+async def test_names_and_sizes_the_service_would_refuse_never_travel(scripted: tuple[str, Script]) -> None:
+    url, script = scripted
+    long_tenant = exchange("x" * (NAME_MAX_CHARS + 1), "r-1", "a b c d e", "f g h i j", time.time())
+    newline = exchange("acme", "r-2\n", "a b c d e", "f g h i j", time.time())
+    bad_meta = exchange("acme", "r-3", "a b c d e", "f g h i j", time.time(), deployment={"nested": 1})
+    async with BleedwatchClient(url, "bw_k_s", max_fingerprints_per_text=20) as client:
+        for ex in (long_tenant, newline, bad_meta, *batch(2)):
+            await client.submit(ex)  # batch(2): a 40-word answer, more than 20 fingerprints
+        await client.submit_text("p", "r", key=KEY, tenant="t" * 200, request_id="r-4", model="m")
+        await client.flush()
+        assert script.seen == []
+        assert client.dropped_by_reason == {
+            "invalid:tenant": 2,
+            "invalid:request_id": 1,
+            "invalid:meta": 1,
+            "too_large:response": 2,
+        }
+        assert (client.dropped, client.rejected) == (6, 6)
+
+
+@pytest.mark.parametrize("scripted", [[(202, {})]], indirect=True)
+async def test_batches_are_cut_to_the_services_body_limit(scripted: tuple[str, Script]) -> None:
+    url, script = scripted
+    limit = 16 * 1024
+    async with BleedwatchClient(url, "bw_k_s", batch_size=100, max_body_bytes=limit) as client:
+        for ex in batch(30):
+            await client.submit(ex)
+        await client.flush()
+    assert sum(n for _, n in script.seen) == client.accepted == 30
+    assert len(script.seen) > 1
+    assert max(script.sizes) <= limit

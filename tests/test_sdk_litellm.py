@@ -113,6 +113,32 @@ async def test_a_leak_between_two_litellm_teams_is_found(settings: Settings) -> 
     assert datetime.fromisoformat(f["response_at"]) == START
 
 
+async def test_a_spoofed_end_user_naming_the_victim_cannot_hide_a_leak(settings: Settings) -> None:
+    """The attacker's key has no team; it sets OpenAI's ``user`` to the victim's tenant. Taken as
+    the tenant, the leaked answer would be the victim's own text (self-echo) and nothing found;
+    taken from the key, the matcher sees the victim's prompt in another tenant's answer."""
+    source = words("argparse")
+    leaked = words("csv", 0, 60) + " " + words("argparse", 100, 160) + " " + words("heapq", 0, 40)
+    async with bleedwatch(settings) as (api, transport):
+        client = BleedwatchClient(BLEEDWATCH, api.tokens[Role.INGEST], flush_seconds=3600, transport=transport)
+        logger = BleedwatchLogger(client=client, fingerprint_key=KEY)
+        await logger.async_log_success_event(
+            callback_kwargs("team-a", source), response_obj("chatcmpl-a", words("json", 0, 80), 900), START, START
+        )
+        spoof = {"user_api_key_hash": "key-b", "user_api_key_end_user_id": "team-a"}
+        kwargs = callback_kwargs(None, words("sqlite3"), metadata=spoof, end_user="team-a")
+        kwargs["optional_params"] = {"user": "team-a"}
+        await logger.async_log_success_event(kwargs, response_obj("chatcmpl-b", leaked, 700), START, START)
+        assert (logger.submitted, logger.skipped, logger.errors) == (2, 0, 0)
+        await logger.flush()
+        await api.processed()
+        items = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
+        await logger.aclose()
+    (f,) = items
+    assert (f["recipient_tenant"], f["recipient_request_id"]) == ("key-b", "chatcmpl-b")
+    assert (f["source_tenant"], f["source_request_ids"]) == ("team-a", ["chatcmpl-a"])
+
+
 def test_what_the_callback_takes_from_litellms_arguments() -> None:
     kwargs = callback_kwargs(None, "a prompt")
     got = exchange_from_callback(kwargs, response_obj("r-1", "an answer", 12), START)
@@ -123,8 +149,24 @@ def test_what_the_callback_takes_from_litellms_arguments() -> None:
     team = exchange_from_callback(callback_kwargs("team-a", "p"), response_obj("r", "a", 1), START)
     assert team is not None
     assert team.tenant == "team-a"
-    only_end_user = callback_kwargs(None, "p", metadata={}, end_user="customer-9")
-    assert exchange_from_callback(only_end_user, response_obj("r", "a", 1), START).tenant == "customer-9"  # type: ignore[union-attr]
+    org = exchange_from_callback(
+        callback_kwargs(None, "p", metadata={"user_api_key_org_id": "org-7", "user_api_key_hash": "h"}),
+        response_obj("r", "a", 1),
+        START,
+    )
+    assert org is not None
+    assert org.tenant == "org-7"
+    # The end user (OpenAI's `user`, written by the caller) is kept under the tenant, never made the tenant.
+    spoofed = callback_kwargs(
+        "team-a", "p", end_user="team-b", metadata={"user_api_key_team_id": "team-a", "user_api_key_end_user_id": "u9"}
+    )
+    got_spoofed = exchange_from_callback(spoofed, response_obj("r", "a", 1), START)
+    assert got_spoofed is not None
+    assert (got_spoofed.tenant, got_spoofed.meta["end_user"]) == ("team-a", "u9")
+    only_end_user = callback_kwargs(None, "p", metadata={"user_api_key_end_user_id": "c-9"}, end_user="customer-9")
+    assert exchange_from_callback(only_end_user, response_obj("r", "a", 1), START) is None
+    with pytest.raises(ValueError, match="end-user id"):
+        BleedwatchLogger(tenant_fields=("user_api_key_team_id", "end_user"))
     parts = callback_kwargs("t", "unused")
     parts["messages"] = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "image_url"}]}]
     assert exchange_from_callback(parts, response_obj("r", "a", 1), START).prompt == "hello"  # type: ignore[union-attr]

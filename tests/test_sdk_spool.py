@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +20,7 @@ import pytest
 from service import metrics
 from service.auth.keys import Role
 from service.sdk.client import BleedwatchClient
-from service.sdk.spool import HEADER, Spool
+from service.sdk.spool import HEADER, MAGIC, Spool
 from tests.conftest import Api
 from tests.traffic import exchange, words
 
@@ -52,7 +56,7 @@ def test_a_torn_last_record_is_cut_off(tmp_path: Path) -> None:
     spool.append(b"whole", 1)
     spool.close()
     with open(path, "ab") as f:  # a crash in the middle of the next append
-        f.write(HEADER.pack(100, 1, 0) + b"only part of it")
+        f.write(HEADER.pack(MAGIC, 100, 1, 0) + b"only part of it")
     again = Spool(path)
     record = again.peek()
     assert record is not None
@@ -74,6 +78,170 @@ def test_the_cap_refuses_appends_that_would_pass_it(tmp_path: Path) -> None:
     assert not spool.append(b"", 1)
     assert spool.pending_exchanges == 2
     spool.close()
+
+
+def _records(spool: Spool) -> list[bytes]:
+    """Every undelivered payload, delivering each (the spool is then empty)."""
+    out = []
+    while (record := spool.peek()) is not None:
+        out.append(record.payload)
+        spool.commit(record.end, record.generation)
+    return out
+
+
+@pytest.mark.parametrize("damage", ["payload", "length"])
+def test_a_bad_record_is_skipped_and_counted_not_taken_as_the_end(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "s.spool"
+    spool = Spool(path, fsync="never")
+    for payload in (b"first", b"second", b"third"):
+        assert spool.append(payload, 1)
+    spool.close()
+    data = bytearray(path.read_bytes())
+    second = HEADER.size + len(b"first")
+    if damage == "payload":
+        data[second + HEADER.size] ^= 0xFF
+    else:  # its length now points past the file: only the magic of the next record finds it
+        data[second + 4 : second + 8] = (10**6).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+    again = Spool(path, fsync="never")
+    assert again.skipped_records == 1
+    assert again.pending_exchanges == 2
+    assert again.size == len(data)  # nothing cut: the third record is kept
+    assert _records(again) == [b"first", b"third"]
+    again.close()
+
+
+def test_a_record_that_goes_bad_after_opening_is_skipped_too(tmp_path: Path) -> None:
+    path = tmp_path / "s.spool"
+    spool = Spool(path, fsync="never")
+    spool.append(b"first", 1)
+    spool.append(b"second", 1)
+    with open(path, "r+b") as f:
+        f.seek(HEADER.size)
+        f.write(b"F")
+    assert _records(spool) == [b"second"]
+    assert spool.skipped_records == 1
+    spool.close()
+
+
+@pytest.mark.parametrize(
+    ("offset_text", "replayed"),
+    [
+        ("0 3", [b"first", b"second"]),  # not where a record starts: back to the one it is in
+        ("0 99999", [b"first", b"second"]),  # past the end: of an older file, so all of it
+        ("garbage", [b"first", b"second"]),
+        ("7 FIRST_END", [b"second"]),  # a good one (any generation) is kept
+    ],
+)
+def test_a_stale_offset_file_is_repaired(tmp_path: Path, offset_text: str, replayed: list[bytes]) -> None:
+    path = tmp_path / "s.spool"
+    spool = Spool(path, fsync="never")
+    spool.append(b"first", 1)
+    spool.append(b"second", 1)
+    spool.close()
+    offset_path = tmp_path / "s.spool.offset"
+    offset_path.write_text(offset_text.replace("FIRST_END", str(HEADER.size + len(b"first"))))
+    again = Spool(path, fsync="never")
+    assert again.repaired_offsets == (offset_text != "7 FIRST_END")
+    assert offset_path.read_text().split()[1] == ("0" if len(replayed) == 2 else str(HEADER.size + 5))
+    assert _records(again) == replayed
+    again.close()
+
+
+def test_an_earlier_layout_is_read_and_rewritten(tmp_path: Path) -> None:
+    import struct
+    import zlib
+
+    path = tmp_path / "s.spool"
+    legacy = b"".join(struct.pack(">III", len(p), 1, zlib.crc32(p)) + p for p in (b"old-1", b"old-2"))
+    path.write_bytes(legacy)
+    spool = Spool(path, fsync="never")
+    assert (spool.pending_exchanges, spool.skipped_records) == (2, 0)
+    assert path.read_bytes().startswith(MAGIC)
+    assert _records(spool) == [b"old-1", b"old-2"]
+    spool.close()
+
+
+def test_files_are_private_and_the_directory_is_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[bool] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:  # records what was fsynced, and fsyncs it
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    spool = Spool(tmp_path / "dir" / "s.spool")
+    assert True in synced  # the new file's name is durable, not only its bytes
+    spool.append(b"one", 1)
+    spool.append(b"two", 1)
+    synced.clear()
+    record = spool.peek()
+    assert record is not None
+    spool.commit(record.end, record.generation)  # the offset file is replaced: the directory again
+    assert synced.count(True) >= 1
+    for name in ("s.spool", "s.spool.offset", "s.spool.lock"):
+        assert stat.S_IMODE((tmp_path / "dir" / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE((tmp_path / "dir").stat().st_mode) == 0o700
+    spool.close()
+
+
+_WORKER = """
+import sys
+from service.sdk.spool import Spool
+
+path, name, count, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+spool = Spool(path, fsync="never")
+delivered = []
+for i in range(count):
+    assert spool.append(f"{name}-{i}|".encode() * 50, 1)
+    if i % 3 == 0:  # deliver what is at the head, as a client replaying does, racing the other process
+        record = spool.peek()
+        if record is not None:
+            delivered.append(record.payload.split(b"|")[0].decode())
+            spool.commit(record.end, record.generation)
+spool.close()
+open(out, "w").write("\\n".join(delivered))
+"""
+
+
+def test_two_processes_given_one_spool_path_cannot_corrupt_it(tmp_path: Path) -> None:
+    path = tmp_path / "shared.spool"
+    count = 300
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(path), name, str(count), str(tmp_path / f"{name}.out")],
+            cwd=Path(__file__).parent.parent,
+        )
+        for name in ("a", "b")
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    spool = Spool(path, fsync="never")
+    assert spool.skipped_records == 0
+    left = [p.decode() for p in _records(spool)]
+    assert spool.skipped_records == 0
+    spool.close()
+    sent = {line for name in ("a", "b") for line in (tmp_path / f"{name}.out").read_text().split("\n") if line}
+    names = {f"{name}-{i}" for name in ("a", "b") for i in range(count)}
+    assert all(p == f"{p.split('|')[0]}|" * 50 for p in left)  # every record whole
+    # Every record either delivered (by one process or both: at least once) or still waiting.
+    assert names == sent | {p.split("|")[0] for p in left}
+
+
+async def test_the_client_counts_a_skipped_spool_record_as_a_drop(tmp_path: Path) -> None:
+    path = tmp_path / "bw.spool"
+    earlier = Spool(path)
+    for prefix in ("a", "b"):
+        earlier.append(orjson.dumps({"exchanges": exchanges(1, prefix)}), 1)
+    earlier.close()
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + 10] ^= 0xFF  # the first record's payload
+    path.write_bytes(bytes(data))
+    sidecar = Sidecar()
+    async with sidecar.client(spool=path) as client:
+        await eventually(lambda: client.accepted == 1)
+        assert client.dropped_by_reason == {"spool_corrupt": 1}
+    assert sidecar.seen_ids == {"b-0"}
 
 
 @dataclass

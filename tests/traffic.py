@@ -58,3 +58,8 @@ def exchange(tenant: str, request_id: str, prompt: str, response: str, ts: float
         ts=ts,
         meta={"deployment": "pd-eu-1", "node": "decode-3"} | meta,
     )
+
+
+def totals(result: dict[str, Any]) -> dict[str, Any]:
+    """An ingest answer's totals, without its per-exchange ``results`` (and ``rejected`` when 0)."""
+    return {k: v for k, v in result.items() if k != "results" and not (k == "rejected" and v == 0)}

@@ -6,11 +6,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from service.ingest.schemas import KeyId
+from service.names import NAME_PATTERN
+from service.wire import NOT_TEXT
 
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 
 
-Fingerprints = str | list[Annotated[int, Field(ge=0, lt=2**64)]]
+Fingerprints = str | list[Annotated[int, Field(ge=0, le=2**64 - 1), NOT_TEXT]]
 FINGERPRINTS_DOC = "Base64 of little-endian uint64 (or a JSON list); duplicates are stored once."
 
 

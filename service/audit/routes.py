@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -15,10 +14,12 @@ from service.auth.keys import Caller, Role
 from service.db import session_scope
 from service.deps import Deps
 from service.errors import Invalid, common_responses
+from service.names import NAME_PATTERN
+from service.wire import Moment
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=common_responses())
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
-Text = Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Text = Annotated[str | None, Query(max_length=128, pattern=NAME_PATTERN)]
 
 
 @router.get("", response_model=AuditPage, summary="The audit log, newest first")
@@ -32,9 +33,9 @@ async def list_audit(
         str | None, Query(max_length=128, description="Entries about this tenant (matched by hash).")
     ] = None,
     request_id: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")] = None,
-    since: Annotated[datetime | None, Query(description="At or after (ISO 8601 with a timezone).")] = None,
-    until: Annotated[datetime | None, Query(description="Before.")] = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    since: Annotated[Moment | None, Query(description="At or after (ISO 8601 with a timezone).")] = None,
+    until: Annotated[Moment | None, Query(description="Before.")] = None,
+    cursor: Annotated[str | None, Query(pattern=cursors.ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:
     """Every read of findings and incidents and every change, with who, when and the HTTP request id.
@@ -61,8 +62,7 @@ async def list_audit(
     if until is not None:
         q = q.where(AuditEntry.at < until)
     if cursor is not None:
-        (last_id,) = _cursor(cursor)
-        q = q.where(AuditEntry.id < last_id)
+        q = q.where(AuditEntry.id < cursors.decode_id(cursor))
     async with session_scope(deps.sessions) as session:
         rows = list((await session.scalars(q.order_by(AuditEntry.id.desc()).limit(limit + 1))).all())
         await log.record(
@@ -72,12 +72,5 @@ async def list_audit(
             "audit",
             {"filters": log.filters(key_id=key_id, action=action, target=target, tenant=tenant, since=since)},
         )
-        next_cursor = cursors.encode("a", [rows[limit - 1].id]) if len(rows) > limit else None
+        next_cursor = cursors.encode_id(rows[limit - 1].id) if len(rows) > limit else None
         return AuditPage(items=[AuditOut.model_validate(r) for r in rows[:limit]], next_cursor=next_cursor)
-
-
-def _cursor(cursor: str) -> tuple[int]:
-    value = cursors.decode("a", cursor)
-    if len(value) != 1 or not isinstance(value[0], int):
-        raise Invalid(cursors.BAD_CURSOR)
-    return (value[0],)

@@ -2,7 +2,14 @@
 
 The secret is 256 random bits, so a fast hash is enough: there is nothing to brute-force.
 Verified keys are cached for ``api_key_cache_seconds`` so ingest does not read the database
-per batch; that is also the longest a revoked key keeps working on a replica.
+per batch. Key ids that are unknown or revoked are cached apart, in a bounded cache of their
+own, so a flood of random ids costs one query each at most and never evicts a known key; a
+token that cannot be a key (wrong shape) is refused without a query at all.
+
+A revocation is published on Redis (``service/auth/revocations.py``) and every process drops the
+key at once. While the database is down a known key is used from the cache, but only for
+``api_key_stale_seconds`` past its cache period: a revocation this process missed cannot keep a
+key alive for the whole outage. An id refused before an outage stays refused during it.
 """
 
 from __future__ import annotations
@@ -11,9 +18,11 @@ import contextlib
 import enum
 import hashlib
 import hmac
+import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import sqlalchemy.exc
 from sqlalchemy import select, update
@@ -41,12 +50,15 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+# What create_key makes: 12 hex digits of id (token_hex(6)), a url-safe secret (which may hold "_").
+TOKEN = re.compile(r"^bw_([0-9a-f]{12})_([A-Za-z0-9_-]{1,128})$")
+MAX_KNOWN = 100_000  # cached known keys: as many as admins create, bounded all the same
+MAX_UNKNOWN = 10_000  # cached unknown or revoked ids: a flood of random ids evicts only its own kind
+
+
 def _parse(token: str) -> tuple[str, str] | None:
-    prefix, _, rest = token.partition("_")
-    key_id, _, secret = rest.partition("_")
-    if prefix != "bw" or not key_id or not secret:
-        return None
-    return key_id, secret
+    match = TOKEN.match(token)
+    return (match[1], match[2]) if match else None
 
 
 async def create_key(
@@ -75,48 +87,92 @@ async def revoke_key(session: AsyncSession, key_id: str) -> bool:
 DB_DOWN = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
 
 
+@dataclass(frozen=True, slots=True)
+class _Known:
+    expires: float  # monotonic: reload from the database after this
+    stale_until: float  # monotonic: past this, a database outage refuses the key (503) too
+    secret_hash: str
+    caller: Caller
+
+
 class KeyVerifier:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], cache_seconds: float) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], cache_seconds: float, stale_seconds: float = 300.0
+    ) -> None:
         self._sessions = sessions
         self._cache_seconds = cache_seconds
-        self._cache: dict[str, tuple[float, str, Caller | None]] = {}
+        self._stale_seconds = stale_seconds
+        self._known: dict[str, _Known] = {}
+        self._unknown: dict[str, float] = {}  # key id -> monotonic time to look again
         self._touched: dict[str, float] = {}  # key id -> when last_used_at was last written
+
+    def cached(self, token: str) -> Caller | None:
+        """The caller if this token is a key verified here recently, without touching the database."""
+        parsed = _parse(token)
+        if parsed is None:
+            return None
+        known = self._known.get(parsed[0])
+        if known is None or known.expires < time.monotonic():
+            return None
+        return known.caller if hmac.compare_digest(known.secret_hash, _hash(parsed[1])) else None
 
     async def verify(self, token: str) -> Caller | None:
         parsed = _parse(token)
         if parsed is None:
-            return None
+            return None  # not a key's shape: no query
         key_id, secret = parsed
         now = time.monotonic()
-        cached = self._cache.get(key_id)
-        if cached is None or cached[0] < now:
+        if self._unknown.get(key_id, 0.0) >= now:
+            return None
+        known = self._known.get(key_id)
+        if known is None or known.expires < now:
             try:
-                cached = (now + self._cache_seconds, *await self._load(key_id))
+                loaded = await self._load(key_id)
             except DB_DOWN:
-                if cached is None:
+                if known is None or known.stale_until < now:
+                    if key_id in self._unknown:
+                        return None  # refused before the outage: stays refused
                     raise
-                # Stale if error: a database outage must not stop gateways whose keys we know.
-                cached = (now + self._cache_seconds, cached[1], cached[2])
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[key_id] = cached
-        _, secret_hash, caller = cached
-        if caller is None or not hmac.compare_digest(secret_hash, _hash(secret)):
+                # Stale if error: a database outage must not stop gateways whose keys we know,
+                # up to stale_until, which a failed reload does not move; retried once a period.
+                known = replace(known, expires=now + self._cache_seconds)
+                self._known[key_id] = known
+            else:
+                if loaded is None:
+                    self._known.pop(key_id, None)
+                    _remember(self._unknown, key_id, now + self._cache_seconds, MAX_UNKNOWN)
+                    return None
+                self._unknown.pop(key_id, None)
+                expires = now + self._cache_seconds
+                known = _Known(expires, expires + self._stale_seconds, *loaded)
+                _remember(self._known, key_id, known, MAX_KNOWN)
+        if not hmac.compare_digest(known.secret_hash, _hash(secret)):
             return None
         with contextlib.suppress(*DB_DOWN):
             await self._touch(key_id, now)  # only a correct secret counts as a use
-        return caller
+        return known.caller
 
     def forget(self, key_id: str) -> None:
-        """Drop a cached key (after revoking it here): this replica refuses it at once."""
-        self._cache.pop(key_id, None)
+        """A key was revoked (here, or on another process: a Redis message): refuse it at once,
+        during a database outage too."""
+        self._known.pop(key_id, None)
         self._touched.pop(key_id, None)
+        _remember(self._unknown, key_id, time.monotonic() + self._cache_seconds, MAX_UNKNOWN)
 
-    async def _load(self, key_id: str) -> tuple[str, Caller | None]:
+    def expire_all(self) -> None:
+        """Revocations may have been missed (the subscription was down): check every key again.
+
+        Stale-if-error still applies, so a database outage at the same time does not stop gateways.
+        """
+        now = time.monotonic()
+        self._known = {k: replace(v, expires=min(v.expires, now)) for k, v in self._known.items()}
+
+    async def _load(self, key_id: str) -> tuple[str, Caller] | None:
+        """The key's secret hash and caller; None if there is no such key or it is revoked."""
         async with session_scope(self._sessions) as session:
             key = await session.get(ApiKey, key_id)
             if key is None or key.revoked_at is not None:
-                return "", None
+                return None
             tenants = frozenset(key.tenants) if key.tenants is not None else None
             return key.secret_hash, Caller(key.id, Role(key.role), tenants)
 
@@ -130,3 +186,11 @@ class KeyVerifier:
         self._touched[key_id] = now
         async with session_scope(self._sessions) as session:
             await session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=utcnow()))
+
+
+def _remember(cache: dict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Insert, evicting the oldest entries of this cache (only this one) past ``limit``."""
+    cache.pop(key, None)
+    while len(cache) >= limit:
+        del cache[next(iter(cache))]
+    cache[key] = value

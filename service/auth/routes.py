@@ -42,7 +42,7 @@ async def list_keys(deps: Deps, caller: Admin) -> KeyPage:
 
 @router.delete("/{key_id}", response_model=KeyOut, responses=responses(NotFound), summary="Revoke an API key")
 async def revoke_key(deps: Deps, caller: Admin, key_id: KeyIdPath) -> KeyOut:
-    """Refused at once on this replica; other replicas refuse it within BLEEDWATCH_API_KEY_CACHE_SECONDS."""
+    """Refused at once on this process, and on every other within a second (a Redis message)."""
     async with session_scope(deps.sessions) as session:
         if not await keys.revoke_key(session, key_id):
             raise NotFound(f"no active API key {key_id}")
@@ -51,4 +51,5 @@ async def revoke_key(deps: Deps, caller: Admin, key_id: KeyIdPath) -> KeyOut:
         assert row is not None
         out = KeyOut.model_validate(row)
     deps.keys.forget(key_id)
+    await deps.revocations.publish(key_id)
     return out

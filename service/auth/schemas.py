@@ -4,15 +4,24 @@ from datetime import datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.config import JsonDict
 
 from service.auth.keys import Role
 from service.ingest.schemas import Name
+from service.names import NAME_PATTERN
 
-KeyName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+KeyName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+
+
+# Tenants for ingest keys only, in the schema too, so a client (or a fuzzer) reads it there.
+INGEST_ONLY_TENANTS: JsonDict = {
+    "if": {"properties": {"role": {"const": "ingest"}}, "required": ["role"]},
+    "else": {"properties": {"tenants": {"type": "null"}}},
+}
 
 
 class KeyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=INGEST_ONLY_TENANTS)
 
     name: KeyName = Field(description="Who uses the key, e.g. 'gateway-eu' or 'oncall'.")
     role: Role

@@ -14,12 +14,13 @@ from service.deployments.rules import RuleSet
 from service.deployments.schemas import DeploymentConfig, DeploymentOut, DeploymentPage
 from service.deps import Deps
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
+from service.names import DEPLOYMENT_ID_PATTERN
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 Reader = Annotated[Caller, Depends(require(*READERS))]
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 CREATED: dict[int | str, dict[str, Any]] = {201: {"model": DeploymentOut, "description": "created"}}
-DeploymentId = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f/]+$")]
+DeploymentId = Annotated[str, Path(min_length=1, max_length=256, pattern=DEPLOYMENT_ID_PATTERN)]
 
 
 def _out(row: Deployment, rules: RuleSet) -> DeploymentOut:
@@ -63,7 +64,9 @@ async def list_deployments(
     _: Reader,
     at_risk: Annotated[bool | None, Query(description="Only deployments violating (or not) some rule.")] = None,
     rule: Annotated[str | None, Query(max_length=64, description="Only deployments violating this rule.")] = None,
-    cursor: Annotated[str | None, Query(max_length=400)] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=256, pattern=DEPLOYMENT_ID_PATTERN, description="The last id of the page before.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> DeploymentPage:
     """By id. Pass ``next_cursor`` back as ``cursor`` for the next page."""
@@ -78,7 +81,7 @@ async def list_deployments(
         if rule is not None and all(v.rule != rule for v in out.violations):
             continue
         if len(items) == limit:
-            next_cursor = store.encode_cursor(items[-1].id)
+            next_cursor = items[-1].id
             break
         items.append(out)
     return DeploymentPage(items=items, next_cursor=next_cursor)

@@ -7,12 +7,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from service.names import DEPLOYMENT_ID_PATTERN, NAME_PATTERN
+from service.wire import NOT_TEXT
+
 # The same characters gateways may send as meta.deployment, less '/', which a path cannot hold.
-DeploymentId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f/]+$")]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+DeploymentId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=DEPLOYMENT_ID_PATTERN)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 EngineName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")]
-Tokens = Annotated[int, Field(ge=0, lt=2**53)]
+Tokens = Annotated[int, Field(ge=0, lt=2**53), NOT_TEXT]
 Severity = Literal["critical", "high", "warning"]
 
 
@@ -22,16 +25,18 @@ class Safeguards(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     deferred_page_release_prefill: bool | None = Field(
-        None, description="Prefill keeps a request's KV pages until the transfer is acknowledged."
+        None, strict=True, description="Prefill keeps a request's KV pages until the transfer is acknowledged."
     )
     deferred_page_release_decode: bool | None = Field(
-        None, description="Decode keeps a request's KV pages until the request is fully finished or aborted."
+        None,
+        strict=True,
+        description="Decode keeps a request's KV pages until the request is fully finished or aborted.",
     )
-    kv_transfer_batch_cap: int | None = Field(
-        None, ge=1, lt=2**31, description="Most requests in one KV-transfer batch; null means uncapped."
+    kv_transfer_batch_cap: Annotated[int, Field(ge=1, lt=2**31), NOT_TEXT] | None = Field(
+        None, description="Most requests in one KV-transfer batch; null means uncapped."
     )
     lb_aborts_on_client_disconnect: bool | None = Field(
-        None, description="The load balancer aborts a request mid-transfer when its client disconnects."
+        None, strict=True, description="The load balancer aborts a request mid-transfer when its client disconnects."
     )
 
 
@@ -43,8 +48,10 @@ class DeploymentConfig(BaseModel):
     model: Label
     engine: EngineName = Field(description="e.g. sglang, vllm; the name the rules file uses.")
     engine_version: Version
-    disaggregated: bool = Field(description="Prefill and decode on separate nodes, KV moved between them.")
-    context_length: int = Field(ge=1, lt=2**53, description="The longest prompt the deployment advertises.")
+    disaggregated: bool = Field(strict=True, description="Prefill and decode on separate nodes, KV moved between them.")
+    context_length: Annotated[int, Field(ge=1, lt=2**53), NOT_TEXT] = Field(
+        description="The longest prompt the deployment advertises."
+    )
     prefill_kv_pool_tokens: Tokens = Field(description="KV pool of a prefill node (the only pool if colocated).")
     decode_kv_pool_tokens: Tokens = Field(description="KV pool of a decode node (same as prefill if colocated).")
     safeguards: Safeguards = Safeguards()

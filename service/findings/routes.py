@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from service import audit
+from service import audit, cursors
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller
 from service.db import session_scope
@@ -13,6 +12,7 @@ from service.deps import Deps
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
 from service.findings import store
 from service.findings.schemas import FindingOut, FindingPage, Severity
+from service.wire import Moment
 
 router = APIRouter(prefix="/v1/findings", tags=["findings"])
 Reader = Annotated[Caller, Depends(require(*READERS))]
@@ -22,13 +22,13 @@ Reader = Annotated[Caller, Depends(require(*READERS))]
 async def list_findings(
     deps: Deps,
     caller: Reader,
-    since: Annotated[datetime | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
-    until: Annotated[datetime | None, Query(description="Detected before.")] = None,
+    since: Annotated[Moment | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
+    until: Annotated[Moment | None, Query(description="Detected before.")] = None,
     recipient_tenant: Annotated[str | None, Query(max_length=128)] = None,
     source_tenant: Annotated[str | None, Query(max_length=128)] = None,
     model: Annotated[str | None, Query(max_length=256)] = None,
     severity: Severity | None = None,
-    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[str | None, Query(pattern=cursors.ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> FindingPage:
     """Newest first. Pass ``next_cursor`` back as ``cursor`` for the next page."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
@@ -10,8 +9,8 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import cursors
 from service.db import utcnow
-from service.errors import Invalid
 from service.findings.models import Finding
 from service.incidents import grouping
 from service.matching.matcher import FindingDraft
@@ -69,21 +68,6 @@ class FindingFilter:
     severity: str | None = None
 
 
-def encode_cursor(finding_id: int) -> str:
-    return base64.urlsafe_b64encode(f"f:{finding_id}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, _, value = raw.partition(":")
-        if kind != "f":
-            raise ValueError
-        return int(value)
-    except (ValueError, UnicodeDecodeError):
-        raise Invalid("cursor: not a cursor returned by this endpoint; start again without it") from None
-
-
 def _filtered(f: FindingFilter) -> Select[Finding]:
     q = select(Finding)
     if f.since is not None:
@@ -107,9 +91,9 @@ async def page(
     """Newest first by id (ids grow with detection time); the cursor is the last id seen."""
     q = _filtered(f)
     if cursor is not None:
-        q = q.where(Finding.id < decode_cursor(cursor))
+        q = q.where(Finding.id < cursors.decode_id(cursor))
     rows = list((await session.scalars(q.order_by(Finding.id.desc()).limit(limit + 1))).all())
-    next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    next_cursor = cursors.encode_id(rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
 
 

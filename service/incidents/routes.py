@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
-from service import audit
+from service import audit, cursors
 from service.audit.log import filters
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller, Role
@@ -28,6 +28,7 @@ from service.incidents.schemas import (
     Sort,
     Status,
 )
+from service.wire import Moment
 
 router = APIRouter(prefix="/v1/incidents", tags=["incidents"], responses=common_responses())
 Reader = Annotated[Caller, Depends(require(*READERS))]
@@ -63,11 +64,11 @@ async def list_incidents(
     model: Annotated[str | None, Query(max_length=256)] = None,
     deployment: Annotated[str | None, Query(max_length=256)] = None,
     tenant: Annotated[str | None, Query(max_length=128, description="On either side (source or recipient).")] = None,
-    since: Annotated[datetime | None, Query(description="Leaked responses at or after (ISO 8601, timezone).")] = None,
-    until: Annotated[datetime | None, Query(description="Leaked responses before.")] = None,
+    since: Annotated[Moment | None, Query(description="Leaked responses at or after (ISO 8601, timezone).")] = None,
+    until: Annotated[Moment | None, Query(description="Leaked responses before.")] = None,
     sort: Sort = "last_seen_at",
     order: Order = "desc",
-    cursor: Annotated[str | None, Query(max_length=400)] = None,
+    cursor: Annotated[str | None, Query(pattern=cursors.KEY_ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> IncidentPage:
     """Pass ``next_cursor`` back as ``cursor`` (with the same sort and order) for the next page."""

@@ -4,12 +4,14 @@ import enum
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from service.findings.schemas import Severity
+from service.names import NAME_PATTERN
 from service.signals.schemas import SignalOut
 
-Assignee = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Assignee = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Notes = Annotated[str, StringConstraints(max_length=10_000)]
 
 
@@ -87,11 +89,14 @@ class IncidentDetail(IncidentOut):
 
 
 class IncidentPatch(BaseModel):
-    """What a responder changes: any of status, assignee (null to clear), notes (replaced whole)."""
+    """What a responder changes: any of status, assignee (null to clear), notes (replaced whole).
 
-    model_config = ConfigDict(extra="forbid")
+    ``status`` may be left out but not null (the schema says so: no null in it, at least one field).
+    """
 
-    status: Status | None = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    status: Status | SkipJsonSchema[None] = None
     assignee: Assignee | None = None
     notes: Notes | None = None
 
@@ -107,7 +112,7 @@ class IncidentPatch(BaseModel):
 class FindingPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    false_positive: bool = Field(
+    false_positive: StrictBool = Field(
         description="true: allowlist the fingerprints it matched; false: revoke that allowlist entry again."
     )
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from service import cursors
 from service.allowlist import store as allowlist
 from service.db import utcnow
-from service.errors import Conflict, Invalid
+from service.errors import Conflict
 from service.findings.models import Finding
 from service.fingerprint.encoding import from_signed
 from service.incidents import grouping
@@ -69,33 +69,21 @@ def _filtered(f: IncidentFilter) -> Any:
     return q
 
 
-def _cursor_value(incident: Incident, sort: Sort) -> Any:
-    value = getattr(incident, "severity_rank" if sort == "severity" else sort)
-    return value.isoformat() if isinstance(value, datetime) else value
-
-
-def _decode_cursor(cursor: str, sort: Sort, order: Order) -> tuple[Any, int]:
-    value = cursors.decode("i", cursor)
-    if len(value) != 4 or value[0] != sort or value[1] != order or not isinstance(value[3], int):
-        raise Invalid(cursors.BAD_CURSOR)
-    raw = value[2]
-    try:
-        key = int(raw) if sort == "severity" else datetime.fromisoformat(str(raw))
-    except (TypeError, ValueError):
-        raise Invalid(cursors.BAD_CURSOR) from None
-    if isinstance(key, datetime) and key.tzinfo is None:
-        raise Invalid(cursors.BAD_CURSOR)
-    return key, value[3]
+def _cursor_key(incident: Incident, sort: Sort) -> int | datetime:
+    value: int | datetime = getattr(incident, "severity_rank" if sort == "severity" else sort)
+    return value
 
 
 async def page(
     session: AsyncSession, f: IncidentFilter, sort: Sort, order: Order, cursor: str | None, limit: int
 ) -> tuple[list[Incident], str | None]:
-    """Keyset pagination on (sort column, id); the cursor carries the sort it was made for."""
+    """Keyset pagination on (sort column, id): the cursor is the last row's (sort key, id), read under
+    this request's sort, so any cursor the schema admits is a position, never an error."""
     column = _SORT_COLUMNS[sort]
     q = _filtered(f)
     if cursor is not None:
-        key, last_id = _decode_cursor(cursor, sort, order)
+        raw, last_id = cursors.decode_key_id(cursor)
+        key = raw if sort == "severity" else cursors.to_time(raw)
         if order == "desc":
             q = q.where(or_(column < key, and_(column == key, Incident.id < last_id)))
         else:
@@ -105,7 +93,7 @@ async def page(
     next_cursor = None
     if len(rows) > limit:
         last = rows[limit - 1]
-        next_cursor = cursors.encode("i", [sort, order, _cursor_value(last, sort), last.id])
+        next_cursor = cursors.encode_key_id(_cursor_key(last, sort), last.id)
     return rows[:limit], next_cursor
 
 

@@ -15,6 +15,7 @@ so one tenant's text leaking into several answers keeps being evidence.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -97,6 +98,10 @@ class DocMeta:
     offsets: npt.NDArray[np.uint32] | None = None
 
 
+# What a purge does to an item of the queue or the outbox: the same bytes (kept), others, or None (deleted).
+Rewrite = Callable[[bytes], bytes | None]
+
+
 class Outbox(Protocol):
     """Findings held while the database is unreachable, until a replica writes them.
 
@@ -115,6 +120,12 @@ class Outbox(Protocol):
     async def release(self, ids: list[str]) -> None: ...
 
     async def size(self) -> int: ...
+
+    async def rewrite(self, keep: Rewrite) -> int:
+        """Pass every item through ``keep``: None deletes it, other bytes replace it (a tenant purge);
+        how many items changed. An item being written meanwhile is written as it was, which the
+        writer's tombstone check (service/ingest/outbox.py) makes harmless."""
+        ...
 
 
 class Queue(Protocol):
@@ -164,6 +175,12 @@ class Queue(Protocol):
         """Put up to ``count`` buried items back in the queue (once the bug is fixed); how many."""
         ...
 
+    async def rewrite(self, keep: Rewrite) -> int:
+        """Pass every waiting and dead item through ``keep`` (a tenant purge); how many changed. A
+        changed item is queued anew and the old one deleted: one a worker holds meanwhile is
+        processed as it was, which the ingestor's tombstone check makes harmless."""
+        ...
+
 
 class Index(Protocol):
     """Every method is one bounded batch of work, never a round trip per fingerprint."""
@@ -211,3 +228,18 @@ class Index(Protocol):
         ...
 
     async def mark_done(self, keys: list[str], now: float) -> None: ...
+
+    async def purged(self, names: list[str]) -> dict[str, float]:
+        """When each of ``names`` that was purged was purged (epoch seconds); the others are left out.
+
+        Work about anything at or before that moment is refused (its exchanges, its findings): it
+        was accepted, queued or held before the purge and would bring the tenant's data back.
+        """
+        ...
+
+    async def purge_tenant(self, name: str, now: float) -> int:
+        """Tombstone the tenant (``purged``), forget its name, delete its documents' metadata; how
+        many documents. Its fingerprints' entries stay until they expire (the index cannot be
+        searched by tenant), but without their documents they can no longer make or explain a
+        finding."""
+        ...

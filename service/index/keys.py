@@ -2,7 +2,8 @@
 
 Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 
-- ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept forever)
+- ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept until the tenant is purged)
+- ``p:{p:tenants}:purged``                 tombstones: digest of a purged tenant's name -> "purge time ref"
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<ns>:<ref>``                     metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
@@ -15,6 +16,8 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 - ``p:{p:queue:<i>}:exchanges``, ``:dead``, ``:result:<id>``  the same for queue shard i >= 1
                                            (``BLEEDWATCH_INGEST_QUEUE_SHARDS``; shard 0 is the keys above)
 - ``p:rl:v1:{<api key id>}``               token bucket of one API key (service/ratelimit.py), short TTL
+- ``p:af:v1:{<client address>}``           token bucket of failed authentications from one address, short TTL
+- ``p:keys:revoked``                       pub/sub channel (no key): ids of API keys just revoked
 
 The hash tag of the index keys is the key id and the fingerprint's first byte, so one Lua
 call can handle every fingerprint of a batch that falls into one shard on one cluster slot.
@@ -78,6 +81,19 @@ class Keys:
         return f"{self.prefix}:{{{self.prefix}:tenants}}:seq"
 
     @property
+    def tenant_tombstones(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:tenants}}:purged"
+
+    @staticmethod
+    def tenant_digest(name: str) -> str:
+        """A tombstone names the tenant by digest: purged means its name is not kept either."""
+        return hashlib.blake2b(name.encode(), digest_size=16, person=b"bw-tombstone").hexdigest()
+
+    def doc_pattern(self) -> str:
+        """Every document's metadata key (SCAN MATCH), for a purge."""
+        return f"{self.prefix}:doc:*"
+
+    @property
     def doc_seq(self) -> str:
         return f"{self.prefix}:doc-seq"
 
@@ -116,6 +132,12 @@ class Keys:
 
     def rate_limit(self, api_key_id: str) -> str:
         return f"{self.prefix}:rl:v1:{{{api_key_id}}}"
+
+    def auth_failures(self, address: str) -> str:
+        return f"{self.prefix}:af:v1:{{{address}}}"
+
+    def revocations(self) -> str:
+        return f"{self.prefix}:keys:revoked"
 
     def shard(self, ns: str, shard: int) -> str:
         return f"{self.prefix}:{{{ns}:{shard:02x}}}:{INDEX_KEY_VERSION}"

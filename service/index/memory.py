@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.index.base import PROMPT_BIT, RESPONSE_BIT, Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
-from service.index.keys import DOC_REF_LIMIT
+from service.index.keys import DOC_REF_LIMIT, Keys
 from service.index.outbox import MemoryOutbox
 from service.index.queue import MemoryQueue
 from service.index.window import Window
@@ -29,6 +29,8 @@ class MemoryIndex:
         self._docs: dict[tuple[str, int], tuple[int, DocMeta]] = {}
         self._done: dict[str, int] = {}
         self._tenants: dict[str, int] = {}
+        self._tenant_seq = itertools.count(1)  # never reused, also after a purge
+        self._purged: dict[str, float] = {}  # tombstones: tenant digest -> purge time
         self._doc_seq = itertools.count(1)
         self._outbox: Outbox | None = None
         self._queue: Queue | None = None
@@ -51,7 +53,8 @@ class MemoryIndex:
 
     async def tenant_refs(self, names: list[str]) -> dict[str, int]:
         for name in names:
-            self._tenants.setdefault(name, len(self._tenants) + 1)
+            if name not in self._tenants:
+                self._tenants[name] = next(self._tenant_seq)
         return {name: self._tenants[name] for name in names}
 
     async def new_doc_refs(self, count: int) -> int:
@@ -149,6 +152,18 @@ class MemoryIndex:
         gen = self._window.current(now)
         for key in keys:
             self._done[key] = gen
+
+    async def purged(self, names: list[str]) -> dict[str, float]:
+        found = {name: self._purged.get(Keys.tenant_digest(name)) for name in names}
+        return {name: at for name, at in found.items() if at is not None}
+
+    async def purge_tenant(self, name: str, now: float) -> int:
+        self._purged[Keys.tenant_digest(name)] = now
+        self._tenants.pop(name, None)
+        gone = [key for key, (_, meta) in self._docs.items() if meta.tenant == name]
+        for key in gone:
+            del self._docs[key]
+        return len(gone)
 
     async def stats(self) -> metrics.IndexStats:
         """For /metrics: entries held, and a rough memory estimate (CPython object sizes, not measured)."""

@@ -8,8 +8,9 @@ import time
 from redis.asyncio import Redis, RedisCluster
 
 from service import metrics
+from service.index.base import Rewrite
 from service.index.keys import Keys
-from service.index.streams import Group, entries, entry_id
+from service.index.streams import Group, entries, entry_id, rewrite_stream
 
 GROUP = "writers"
 
@@ -61,6 +62,9 @@ class RedisOutbox:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.xlen(self._key))
 
+    async def rewrite(self, keep: Rewrite) -> int:
+        return await rewrite_stream(self._r, self._key, b"d", keep)
+
 
 class MemoryOutbox:
     """For the embedded default: one process, so claiming is bookkeeping only."""
@@ -94,3 +98,16 @@ class MemoryOutbox:
 
     async def size(self) -> int:
         return len(self._items)
+
+    async def rewrite(self, keep: Rewrite) -> int:
+        changed = 0
+        for item_id, item in list(self._items.items()):
+            new = keep(item)
+            if new != item:
+                changed += 1
+                if new is None:
+                    self._items.pop(item_id)
+                    self._claimed.pop(item_id, None)
+                else:
+                    self._items[item_id] = new
+        return changed

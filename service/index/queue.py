@@ -18,8 +18,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
 from service import metrics
+from service.index.base import Rewrite
 from service.index.keys import Keys
-from service.index.streams import Group, entries, entry_id
+from service.index.streams import Group, entries, entry_id, rewrite_stream
 
 GROUP = "ingest"
 RESULT_SECONDS = 300
@@ -152,6 +153,10 @@ class RedisQueue:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.eval(_REQUEUE, 2, self._key, self._dead, count))
 
+    async def rewrite(self, keep: Rewrite) -> int:
+        changed = await rewrite_stream(self._r, self._key, b"b", keep)
+        return changed + await rewrite_stream(self._r, self._dead, b"b", keep)
+
 
 class ShardedQueue:
     """``BLEEDWATCH_INGEST_QUEUE_SHARDS`` streams as one queue: on a Redis Cluster one stream is one
@@ -229,6 +234,9 @@ class ShardedQueue:
 
     async def dead_size(self) -> int:
         return sum([await queue.dead_size() for queue in self._shards])
+
+    async def rewrite(self, keep: Rewrite) -> int:
+        return sum([await queue.rewrite(keep) for queue in self._shards])
 
     async def requeue_dead(self, count: int) -> int:
         moved = 0
@@ -322,3 +330,22 @@ class MemoryQueue:
         for _, item, _ in moved:
             await self.put(item, max_items=len(self._items) + 1)
         return len(moved)
+
+    async def rewrite(self, keep: Rewrite) -> int:
+        changed = 0
+        for item_id, item in list(self._items.items()):
+            new = keep(item)
+            if new != item:
+                changed += 1
+                if new is None:
+                    self._drop(item_id)  # one a worker holds is finished by it as it was
+                else:
+                    self._items[item_id] = new
+        dead = []
+        for item_id, item, reason in self.dead:
+            new = keep(item)
+            changed += new != item
+            if new is not None:
+                dead.append((item_id, new, reason))
+        self.dead = dead
+        return changed

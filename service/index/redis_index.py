@@ -45,6 +45,7 @@ from service.index.window import Window
 # queue's XADD (the gateway's answer) never waits long behind the index work (2048: p99 117 ms
 # at half the maximum rate, 512: 28 ms, at the same throughput; docs/performance.md).
 RECORDS_PER_CALL = 512
+PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
 KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
 
@@ -507,6 +508,72 @@ class RedisIndex:
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
+    async def purged(self, names: list[str]) -> dict[str, float]:
+        if not names:
+            return {}
+        unique = sorted(set(names))
+        metrics.REDIS_ROUND_TRIPS.inc()
+        raws = await self._r.hmget(self._keys.tenant_tombstones, [self._keys.tenant_digest(n) for n in unique])
+        out = {}
+        for name, raw in zip(unique, raws, strict=True):
+            if raw is None:
+                continue
+            at, ref = raw.split()
+            out[name] = float(at)
+            if self._tenant_cache.get(name) == int(ref):  # cached here before another replica purged it
+                del self._tenant_cache[name]
+        return out
+
+    async def purge_tenant(self, name: str, now: float) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        ref = await self._r.hget(self._keys.tenant_names, name)
+        async with self._r.pipeline(transaction=True) as pipe:  # one hash tag: one slot
+            pipe.hset(self._keys.tenant_tombstones, self._keys.tenant_digest(name), f"{now!r} {int(ref or 0)}")
+            pipe.hdel(self._keys.tenant_names, name)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+        self._tenant_cache.pop(name, None)
+        # A document's metadata starts {"gen":<int>,"tenant":<name> (encode_doc): read only that much.
+        marker = b',"tenant":' + orjson.dumps(name) + b","
+        head = 8 + len(b'{"gen":') + 20 + len(marker)
+        deleted = 0
+        page: list[bytes] = []
+        async for key in self._r.scan_iter(match=self._keys.doc_pattern(), count=PURGE_PAGE):
+            page.append(key)
+            if len(page) >= PURGE_PAGE:
+                deleted += await self._purge_docs(page, marker, head)
+                page = []
+        return deleted + await self._purge_docs(page, marker, head)
+
+    async def _purge_docs(self, keys: list[bytes], marker: bytes, head: int) -> int:
+        if not keys:
+            return 0
+        async with self._r.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.getrange(key, 0, head - 1)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            starts = await pipe.execute()
+        gone = [key for key, start in zip(keys, starts, strict=True) if start and marker in bytes(start)[8:]]
+        if gone:
+            async with self._r.pipeline(transaction=False) as pipe:
+                for key in gone:  # one key a command: a cluster pipeline sends each to its node
+                    pipe.execute_command("UNLINK", key)
+                metrics.REDIS_ROUND_TRIPS.inc()
+                await pipe.execute()
+        return len(gone)
+
+    async def durability(self) -> metrics.Durability:
+        """AOF and eviction policy of every node (INFO, which managed Redis allows where CONFIG is not)."""
+        metrics.REDIS_ROUND_TRIPS.inc(2)
+        every: dict[str, Any] = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(self._r, RedisCluster) else {}
+        persistence = await self._r.info("persistence", **every)
+        memory = await self._r.info("memory", **every)
+        nodes_p, nodes_m = _per_node(persistence), _per_node(memory)
+        aof = all(str(n.get("aof_enabled", "0")) == "1" for n in nodes_p)
+        policies = {str(n.get("maxmemory_policy", "unknown")) for n in nodes_m}
+        policy = next((p for p in sorted(policies) if p != "noeviction"), "noeviction")
+        return metrics.Durability(aof=aof, eviction_policy=policy)
+
     async def stats(self) -> metrics.IndexStats:
         """For /metrics (cached there): keys in this Redis database and its used memory; two commands.
 
@@ -524,3 +591,11 @@ class RedisIndex:
             return metrics.IndexStats(int(items), sum(int(m.get("used_memory", 0)) for m in nodes))
         items, memory = await self._r.dbsize(), await self._r.info("memory")
         return metrics.IndexStats(items=int(items), memory_bytes=int(memory["used_memory"]))
+
+
+def _per_node(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """INFO answers one node's fields, or (on a cluster, depending on the target) a dict per node."""
+    values = list(info.values())
+    if values and all(isinstance(v, dict) for v in values):
+        return values
+    return [info]

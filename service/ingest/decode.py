@@ -6,15 +6,17 @@ Errors name the field (``exchanges[3].prompt.offsets``) and the rule, never the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import TypeAdapter, ValidationError
 
 from service.errors import Invalid, PayloadTooLarge
 from service.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from service.ingest.schemas import Batch, Exchange, Text
 
-MAX_META_FIELDS = 16
+_exchange = TypeAdapter(Exchange)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,41 +64,63 @@ def decode_text(text: Text, where: str, limits: Limits) -> Decoded:
 
 
 def check_batch(batch: Batch, limits: Limits, now: float) -> None:
-    if len(batch.exchanges) > limits.max_exchanges:
-        raise PayloadTooLarge(
-            f"exchanges: {len(batch.exchanges)} in one batch, more than the limit of {limits.max_exchanges} "
-            "(BLEEDWATCH_MAX_BATCH_EXCHANGES); split the batch"
-        )
+    """A whole batch: its size, then each exchange (``check_exchange``), then no repeats within it."""
+    check_size(len(batch.exchanges), limits)
     seen: set[tuple[str, str]] = set()
     for i, ex in enumerate(batch.exchanges):
         key = (ex.tenant, ex.request_id)
         if key in seen:
             raise Invalid(f"exchanges[{i}]: request_id repeats an earlier exchange of the same tenant in this batch")
         seen.add(key)
-        if ex.ts.tzinfo is None:
-            raise Invalid(f"exchanges[{i}].ts: give a timezone (e.g. 2026-12-02T10:00:00Z) or epoch seconds")
-        if ex.ts.timestamp() > now + limits.max_future_seconds:
-            raise Invalid(
-                f"exchanges[{i}].ts: more than {limits.max_future_seconds} s in the future; check the gateway clock"
-            )
-        if limits.max_age_seconds is not None and ex.ts.timestamp() < now - limits.max_age_seconds:
-            raise Invalid(
-                f"exchanges[{i}].ts: more than {limits.max_age_seconds} s in the past (BLEEDWATCH_MAX_AGE_SECONDS); "
-                "check the gateway clock, or drop exchanges that old"
-            )
-        if limits.accepted_key_ids and ex.key_id not in limits.accepted_key_ids:
-            raise Invalid(
-                f"exchanges[{i}].key_id: not one of the fingerprint key ids this service accepts "
-                "(BLEEDWATCH_ACCEPTED_KEY_IDS); check the gateway's fingerprint key"
-            )
-        extra = ex.meta.model_extra or {}
-        if len(extra) > MAX_META_FIELDS:
-            raise Invalid(f"exchanges[{i}].meta: more than {MAX_META_FIELDS} extra fields")
-        for name, value in extra.items():
-            if not isinstance(value, str | int | float | bool | None) or (isinstance(value, str) and len(value) > 256):
-                raise Invalid(
-                    f"exchanges[{i}].meta.{name[:64]}: extra fields must be scalars (strings up to 256 chars)"
-                )
+        check_exchange(ex, i, limits, now)
+
+
+def check_size(exchanges: int, limits: Limits) -> None:
+    """How many exchanges one body may carry: more refuses the whole batch (split it)."""
+    if exchanges > limits.max_exchanges:
+        raise PayloadTooLarge(
+            f"exchanges: {exchanges} in one batch, more than the limit of {limits.max_exchanges} "
+            "(BLEEDWATCH_MAX_BATCH_EXCHANGES); split the batch"
+        )
+
+
+def parse_exchange(raw: dict[str, Any], i: int) -> Exchange:
+    """One exchange of a batch as received; ``Invalid`` naming its fields (never their values)."""
+    try:
+        return _exchange.validate_python(raw)
+    except ValidationError as exc:
+        problems = [
+            f"{_location(i, err.get('loc', ()))}: {err.get('msg', 'invalid')}"
+            for err in exc.errors(include_url=False, include_input=False)[:10]
+        ]
+        raise Invalid("; ".join(problems)) from None
+
+
+def _location(i: int, loc: tuple[int | str, ...]) -> str:
+    out = f"exchanges[{i}]"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{str(part)[:64]}"
+    return out
+
+
+def check_exchange(ex: Exchange, i: int, limits: Limits, now: float) -> None:
+    """What the schema cannot say about one exchange: its time, its key id, its extra meta fields."""
+    if ex.ts.tzinfo is None:
+        raise Invalid(f"exchanges[{i}].ts: give a timezone (e.g. 2026-12-02T10:00:00Z) or epoch seconds")
+    if ex.ts.timestamp() > now + limits.max_future_seconds:
+        raise Invalid(
+            f"exchanges[{i}].ts: more than {limits.max_future_seconds} s in the future; check the gateway clock"
+        )
+    if limits.max_age_seconds is not None and ex.ts.timestamp() < now - limits.max_age_seconds:
+        raise Invalid(
+            f"exchanges[{i}].ts: more than {limits.max_age_seconds} s in the past (BLEEDWATCH_MAX_AGE_SECONDS); "
+            "check the gateway clock, or drop exchanges that old"
+        )
+    if limits.accepted_key_ids and ex.key_id not in limits.accepted_key_ids:
+        raise Invalid(
+            f"exchanges[{i}].key_id: not one of the fingerprint key ids this service accepts "
+            "(BLEEDWATCH_ACCEPTED_KEY_IDS); check the gateway's fingerprint key"
+        )
 
 
 def decode_exchange(ex: Exchange, i: int, limits: Limits) -> tuple[Decoded, Decoded]:

@@ -11,6 +11,10 @@ evidence only grows, so a finding written twice (a replica died between its comm
 release, or a newer evaluation was written first) is one row. Metrics of a new finding are
 recorded by whichever write creates the row.
 
+Findings about a moment at or before a tenant's purge, that involve it, are dropped (or, where it
+is only a minor source, scrubbed of it) before they are written, held or drained: work accepted
+or held before the purge must not bring its data back (service/retention/jobs.py).
+
 Only an outage goes to the outbox (connection refused or lost, timeouts). Any other error fails
 the batch (5xx) before its idempotency marks are written, so the retried batch is processed
 again, whole.
@@ -23,6 +27,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -62,17 +67,50 @@ def decode_draft(raw: bytes) -> FindingDraft:
 
 
 Written = list[tuple[FindingDraft, int, bool]]
+Tombstones = Callable[[list[str]], Awaitable[dict[str, float]]]
+
+
+def _tenants(draft: FindingDraft) -> set[str]:
+    sources = {s["tenant"] for s in draft.evidence.get("sources", ()) if isinstance(s.get("tenant"), str)}
+    return {draft.recipient_tenant, draft.source_tenant} | sources
+
+
+def without_purged(drafts: list[FindingDraft], tombstones: dict[str, float]) -> list[FindingDraft]:
+    """Drafts about responses from after every involved tenant's purge; older ones dropped where the
+    purged tenant is recipient or top source, scrubbed of it where it is one more source."""
+    out = []
+    for draft in drafts:
+        at = draft.response_at.timestamp()
+        gone = {t for t in _tenants(draft) if t in tombstones and at <= tombstones[t]}
+        if not gone:
+            out.append(draft)
+        elif draft.recipient_tenant not in gone and draft.source_tenant not in gone:
+            sources = [s for s in draft.evidence.get("sources", ()) if s.get("tenant") not in gone]
+            out.append(dataclasses.replace(draft, evidence={**draft.evidence, "sources": sources}))
+        else:
+            metrics.FINDINGS_PURGED.inc()
+    return out
 
 
 class FindingsWriter:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], outbox: Outbox, consumer: str | None = None):
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        outbox: Outbox,
+        tombstones: Tombstones | None = None,
+        consumer: str | None = None,
+    ):
         self._sessions = sessions
         self._outbox = outbox
+        self._tombstones = tombstones  # Index.purged: None where no tenant can be purged (tools, tests)
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._loop: Periodic | None = None
 
     async def write(self, drafts: list[FindingDraft]) -> Written | None:
         """Upsert now; None when the database is down and the drafts were held instead."""
+        drafts = await self._unpurged(drafts)
+        if not drafts:
+            return []
         try:
             return await self._upsert(drafts)
         except DATABASE_DOWN as exc:
@@ -81,6 +119,12 @@ class FindingsWriter:
             metrics.FINDINGS_HELD.inc(len(drafts))
             log.warning("findings_held", extra={"count": len(drafts), "exc_type": type(exc).__name__})
             return None
+
+    async def _unpurged(self, drafts: list[FindingDraft]) -> list[FindingDraft]:
+        if self._tombstones is None or not drafts:
+            return drafts
+        tombstones = await self._tombstones(sorted(set().union(*(_tenants(d) for d in drafts))))
+        return without_purged(drafts, tombstones) if tombstones else drafts
 
     async def _upsert(self, drafts: list[FindingDraft]) -> Written:
         async with session_scope(self._sessions) as session:
@@ -105,6 +149,7 @@ class FindingsWriter:
                 except (ValueError, TypeError, KeyError) as exc:  # from an incompatible version: say so, once
                     log.error("held_finding_unreadable", extra={"item": item_id, "exc_type": type(exc).__name__})
                 ids.append(item_id)
+            drafts = await self._unpurged(drafts)  # held before their tenant was purged: not written
             if drafts:
                 await self._upsert(drafts)  # a database error leaves them claimed by us, for the next round
             await self._outbox.release(ids)

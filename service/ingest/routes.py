@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -21,10 +21,40 @@ from service.errors import (
     UnsupportedMediaType,
     responses,
 )
-from service.ingest.schemas import Batch, DropReport, DropResult, IngestResult, QueueStatus
+from service.ingest.schemas import Batch, DropReport, DropResult, Envelope, Exchange, IngestResult, QueueStatus
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 _batch = TypeAdapter(Batch)
+_envelope = TypeAdapter(Envelope)
+
+
+def _request_schema() -> dict[str, object]:
+    """The body's shape, each exchange of the Exchange schema: what a gateway must send, though one
+    exchange that does not fit is rejected alone (its ``results`` entry) rather than the batch."""
+    schema = _envelope.json_schema()
+    exchange = TypeAdapter(Exchange).json_schema()
+    schema["$defs"] = {**exchange.pop("$defs", {}), **schema.get("$defs", {})}
+    schema["properties"]["exchanges"]["items"] = exchange
+    return schema
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its ``#/$defs/...`` references replaced by what they name (the models are
+    not recursive): inside the OpenAPI document those references would point at nothing."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
 
 
 @router.post(
@@ -34,13 +64,18 @@ _batch = TypeAdapter(Batch)
     summary="Ingest a batch of fingerprinted exchanges",
     responses=responses(Unauthorized, Forbidden, PayloadTooLarge, UnsupportedMediaType, Invalid, Unavailable),
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _batch.json_schema()}}}
+        "requestBody": {"required": True, "content": {"application/json": {"schema": inline_refs(_request_schema())}}}
     },
 )
 async def ingest_exchanges(
     request: Request, response: Response, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
 ) -> IngestResult:
     """Answered 202 once the batch is durably queued, and by default once it is processed too.
+
+    Each exchange has its result (``results``, in the batch's order): accepted, duplicate, or
+    rejected with its reason; the others are taken. Only a body that is no batch at all (not
+    JSON, not ``{"exchanges": [...]}``, too large or too many exchanges), or one whose every
+    exchange is rejected, is refused as a whole (4xx, the first exchange's reason).
 
     With ``Prefer: respond-async`` (RFC 7240; what the SDK sends) the answer comes as soon as
     the batch is queued, ``processed: false``; without it, once a replica has indexed and matched
@@ -55,11 +90,15 @@ async def ingest_exchanges(
                 raise UnsupportedMediaType("send the batch as Content-Type: application/json")
             body = await request.body()  # at most BLEEDWATCH_MAX_BODY_BYTES: see service/body_limit.py
             metrics.INGEST_BYTES.inc(len(body))
-            try:
-                batch = _batch.validate_json(body)
-            except ValidationError as exc:
-                raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
-            accepted = await deps.ingestor.accept(batch, body, caller)
+            items: list[Exchange] | list[dict[str, Any]]
+            try:  # the common case, at the cost it always had: every exchange fits the schema
+                items = _batch.validate_json(body).exchanges
+            except ValidationError:
+                try:  # each exchange is then judged alone, by the ingestor
+                    items = _envelope.validate_json(body).exchanges
+                except ValidationError as exc:
+                    raise RequestValidationError(exc.errors(include_url=False, include_input=False)) from None
+            accepted = await deps.ingestor.accept(items, body, caller)
             if _prefers_async(request.headers.getlist("prefer")):
                 response.headers["Preference-Applied"] = "respond-async"
                 return accepted.queued

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-RequestId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+from service.ingest.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
+from service.wire import NOT_TEXT, Moment
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=NAME_PATTERN)]
+Label = Annotated[str, StringConstraints(max_length=LABEL_MAX_CHARS, pattern=LABEL_PATTERN)]
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+# Integer fields take JSON integers only (service/wire.py), so "12" and true are refused, not coerced.
+U64_MAX = 2**64 - 1
 Scalar = str | int | float | bool | None
 
 
@@ -19,9 +23,9 @@ class Text(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    fingerprints: str | list[Annotated[int, Field(ge=0, lt=2**64)]]
-    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32)]]
-    token_count: int = Field(ge=0, lt=2**32)
+    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), NOT_TEXT]]
+    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]]
+    token_count: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
 
 
 class Scheme(BaseModel):
@@ -30,21 +34,29 @@ class Scheme(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1]
-    n: int = Field(ge=1, le=64)
-    w: int = Field(ge=1, le=256)
-    sample_after: int = Field(ge=0, lt=2**32)
-    sample_mod: int = Field(ge=1, lt=2**32)
-    response_w: int | None = Field(None, ge=1, le=256, description="The response's window; absent: w.")
+    n: Annotated[int, Field(ge=1, le=64), NOT_TEXT]
+    w: Annotated[int, Field(ge=1, le=256), NOT_TEXT]
+    sample_after: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
+    sample_mod: Annotated[int, Field(ge=1, lt=2**32), NOT_TEXT]
+    response_w: Annotated[int, Field(ge=1, le=256), NOT_TEXT] | None = Field(
+        None, description="The response's window; absent: w."
+    )
 
 
 class Meta(BaseModel):
-    """Where the response was served. Extra scalar fields are kept as they are (up to 16)."""
+    """Where the response was served: these fields only. Free-form fields could carry raw text
+    (a prompt pasted into a "comment"), which bleedwatch must never hold, so any other is refused."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
-    prompt_tokens: int | None = Field(None, ge=0, lt=2**32)
+    prompt_tokens: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT] | None = None
     deployment: Label | None = None
     node: Label | None = None
+    end_user: Label | None = Field(
+        None,
+        description="The caller's own end-user id (OpenAI's `user`), kept under the tenant; never the tenant, "
+        "which comes from the gateway's authenticated identity.",
+    )
 
 
 class Exchange(BaseModel):
@@ -53,7 +65,7 @@ class Exchange(BaseModel):
     tenant: Name
     request_id: RequestId
     model: Label = Field(min_length=1)
-    ts: datetime
+    ts: Moment
     key_id: KeyId
     scheme: Scheme
     prompt: Text
@@ -67,9 +79,35 @@ class Batch(BaseModel):
     exchanges: list[Exchange] = Field(min_length=1)
 
 
+class Envelope(BaseModel):
+    """A batch as received: the body's shape only; each exchange is then validated on its own, so
+    one that does not fit ``Exchange`` is rejected alone (its ``results`` entry says why)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exchanges: list[dict[str, Any]] = Field(
+        min_length=1, description="Each of the Exchange schema; one that does not fit is rejected alone (results)."
+    )
+
+
+class ExchangeResult(BaseModel):
+    status: Literal["accepted", "duplicate", "rejected"] = Field(
+        description="accepted: queued (and indexed once processed); duplicate: this tenant and request id were "
+        "ingested before, or earlier in this batch; rejected: not kept, see error and detail."
+    )
+    error: str | None = Field(None, description="When rejected: invalid, forbidden or payload_too_large.")
+    detail: str | None = Field(
+        None, description="When rejected: the field (exchanges[i]...) and the rule, never the value."
+    )
+
+
 class IngestResult(BaseModel):
     accepted: int = Field(description="Exchanges of this batch not ingested before: queued, and indexed if processed.")
     duplicates: int = Field(description="Exchanges already ingested earlier (same tenant and request id).")
+    rejected: int = Field(0, description="Exchanges refused alone (see results); the others were taken.")
+    results: list[ExchangeResult] | None = Field(
+        None, description="One per exchange of the batch, in its order: accepted, duplicate, or rejected and why."
+    )
     findings: int | None = Field(
         description="Findings created or extended by this batch; null until it is processed (see processed)."
     )
@@ -96,7 +134,7 @@ class DropReport(BaseModel):
     report_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] = Field(
         description="Chosen by the SDK; a report sent again with the same id is counted once."
     )
-    count: int = Field(ge=1, le=10**9)
+    count: Annotated[int, Field(ge=1, le=10**9), NOT_TEXT]
 
 
 class DropResult(BaseModel):

@@ -16,18 +16,22 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics, tracing
 from service.auth.keys import Caller
-from service.errors import Forbidden, Unavailable
+from service.errors import ApiError, Forbidden, Unavailable
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
-from service.ingest.decode import Decoded, Limits, check_batch, decode_exchange
+from service.ingest import envelope
+from service.ingest.decode import Decoded, Limits, check_exchange, check_size, decode_exchange, parse_exchange
 from service.ingest.outbox import FindingsWriter
-from service.ingest.schemas import Batch, Exchange, IngestResult
+from service.ingest.schemas import Batch, Exchange, ExchangeResult, IngestResult
 from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
 
@@ -36,32 +40,37 @@ log = logging.getLogger(__name__)
 QUEUE_FULL_RETRY_SECONDS = 5
 
 
+class Purged(Forbidden):
+    """The exchange's tenant was purged after it happened: taking it would bring the data back."""
+
+    error = "purged"
+
+
+def _late(exchanges: list[tuple[int, Exchange]], tombstones: dict[str, float]) -> set[int]:
+    """Positions of exchanges from before their tenant's purge (queued, spooled or retried since)."""
+    return {i for i, ex in exchanges if ex.tenant in tombstones and ex.ts.timestamp() <= tombstones[ex.tenant]}
+
+
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    item_id: str | None  # None: nothing was queued (every exchange a duplicate)
-    queued: IngestResult  # the answer before processing
+    item_id: str | None  # None: nothing was queued (every exchange a duplicate or rejected)
+    queued: IngestResult  # the answer before processing, with every exchange's result
+    positions: tuple[int, ...] = ()  # where each queued exchange is in the batch as received
+
+    def merge(self, processed: IngestResult) -> IngestResult:
+        """The processed batch's answer, told per exchange of the batch as received: processing
+        may find more duplicates (the same exchange in flight from a retry); rejections stay."""
+        results = list(self.queued.results or [])
+        for position, result in zip(self.positions, processed.results or [], strict=False):
+            results[position] = result
+        duplicates = self.queued.duplicates + processed.duplicates
+        return processed.model_copy(
+            update={"duplicates": duplicates, "rejected": self.queued.rejected, "results": results}
+        )
 
 
-def _envelope(request_id: str | None, first_ref: int, body: bytes) -> bytes:
-    """The accepting request's id (never a newline: service/logging.py), a newline, ``@`` and the
-    batch's first document ref, a newline, the batch.
-
-    Refs are given at acceptance, not at processing: the index keeps, per tenant, the document
-    with the lowest ref (service/index/lua/common.lua), and ties between sources go to the lowest
-    ref too, so findings follow the order batches were accepted in, and not the order in which
-    workers (or, on a Redis Cluster, each node) happened to process them. Exchange ``i`` of the
-    batch has refs ``first + 2i`` (prompt) and ``first + 2i + 1`` (response).
-    """
-    return (request_id or "").encode() + b"\n@" + str(first_ref).encode() + b"\n" + body
-
-
-def _open(item: bytes) -> tuple[bytes, int | None, bytes]:
-    """Request id, first doc ref (None in items queued before refs were given at acceptance), body."""
-    request_id, _, rest = item.partition(b"\n")
-    if not rest.startswith(b"@"):  # a JSON body never starts with @
-        return request_id, None, rest
-    ref, _, body = rest.partition(b"\n")
-    return request_id, int(ref[1:]), body
+def _wire(item: Exchange | dict[str, Any]) -> dict[str, Any]:
+    return item.model_dump(mode="json", exclude_unset=True) if isinstance(item, Exchange) else item
 
 
 def _params(ex: Exchange, kind: Kind) -> Params:
@@ -91,28 +100,68 @@ class Ingestor:
         self._matcher = matcher
         self._sessions = sessions
         self.limits = limits
-        self._writer = writer or FindingsWriter(sessions, index.outbox())
+        self._writer = writer or FindingsWriter(sessions, index.outbox(), index.purged)
 
     @tracing.traced("accept")
-    async def accept(self, batch: Batch, body: bytes, caller: Caller) -> Accepted:
-        """Everything that can refuse a batch happens here, before it is queued; nothing after."""
+    async def accept(self, raw: Sequence[Exchange | dict[str, Any]], body: bytes, caller: Caller) -> Accepted:
+        """Everything that can refuse an exchange happens here, before it is queued; nothing after.
+
+        Each exchange is judged alone: one that is invalid, too large or for a tenant the key may
+        not report for is rejected with its reason, and the others are taken (one bad exchange
+        never sinks a batch of other tenants' exchanges). Only when none is taken is the batch
+        refused as a whole, with the first one's error, as a one-exchange batch always was.
+        """
         now = time.time()
-        check_batch(batch, self.limits, now)
-        if caller.tenants is not None:
-            for i, ex in enumerate(batch.exchanges):
-                if ex.tenant not in caller.tenants:
+        check_size(len(raw), self.limits)
+        results: list[ExchangeResult] = []
+        first_error: ApiError | None = None
+        valid: list[tuple[int, Exchange]] = []
+        seen: set[tuple[str, str]] = set()
+        for i, item in enumerate(raw):
+            try:
+                ex = item if isinstance(item, Exchange) else parse_exchange(item, i)
+                check_exchange(ex, i, self.limits, now)
+                if caller.tenants is not None and ex.tenant not in caller.tenants:
                     raise Forbidden(f"exchanges[{i}].tenant: this API key may not report for that tenant")
-        for i, ex in enumerate(batch.exchanges):
-            decode_exchange(ex, i, self.limits)
-        done, first_ref = await asyncio.gather(
-            self._index.done([_idempotency_key(ex) for ex in batch.exchanges], now),
-            self._index.new_doc_refs(2 * len(batch.exchanges)),
-        )
-        duplicates = sum(done)
-        if duplicates == len(batch.exchanges):  # a retry of a batch already processed
-            metrics.EXCHANGES_DUPLICATE.inc(duplicates)
-            return Accepted(None, IngestResult(accepted=0, duplicates=duplicates, findings=0, processed=True))
-        item_id = await self._queue.put(_envelope(current_request_id(), first_ref, body), self.queue_max_batches)
+                decode_exchange(ex, i, self.limits)
+            except ApiError as exc:
+                metrics.EXCHANGES_REJECTED.labels(exc.error).inc()
+                first_error = first_error or exc
+                results.append(ExchangeResult(status="rejected", error=exc.error, detail=exc.detail))
+                continue
+            if (ex.tenant, ex.request_id) in seen:  # the same exchange twice in one batch: taken once
+                results.append(ExchangeResult(status="duplicate"))
+                continue
+            seen.add((ex.tenant, ex.request_id))
+            results.append(ExchangeResult(status="accepted"))
+            valid.append((i, ex))
+        late = _late(valid, await self._index.purged(sorted({ex.tenant for _, ex in valid})))
+        for i in sorted(late):
+            gone = Purged(f"exchanges[{i}].tenant: the tenant was purged after this exchange; it is not kept")
+            metrics.EXCHANGES_REJECTED.labels(gone.error).inc()
+            first_error = first_error or gone
+            results[i] = ExchangeResult(status="rejected", error=gone.error, detail=gone.detail)
+        valid = [(i, ex) for i, ex in valid if i not in late]
+        if not valid and first_error is not None:
+            raise first_error
+        done = await self._index.done([_idempotency_key(ex) for _, ex in valid], now)
+        fresh = [(i, ex) for (i, ex), d in zip(valid, done, strict=True) if not d]
+        for (i, _), d in zip(valid, done, strict=True):
+            if d:
+                results[i] = ExchangeResult(status="duplicate")
+        rejected = sum(r.status == "rejected" for r in results)
+        duplicates = len(raw) - rejected - len(fresh)
+        metrics.EXCHANGES_DUPLICATE.inc(sum(done))
+        if not fresh:  # a retry of a batch already processed
+            answer = IngestResult(
+                accepted=0, duplicates=duplicates, rejected=rejected, findings=0, processed=True, results=results
+            )
+            return Accepted(None, answer)
+        if len(fresh) < len(raw):  # queue only what is to be processed
+            body = orjson.dumps({"exchanges": [_wire(raw[i]) for i, _ in fresh]})
+        first = await self._index.new_doc_refs(2 * len(fresh))  # refs at acceptance: service/ingest/envelope.py
+        refs = [first + 2 * j for j in range(len(fresh))]
+        item_id = await self._queue.put(envelope.wrap(current_request_id(), refs, body), self.queue_max_batches)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
             raise Unavailable(
@@ -120,8 +169,10 @@ class Ingestor:
                 "retry later, nothing of this batch was kept",
                 headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)},
             )
-        queued = IngestResult(accepted=len(batch.exchanges) - duplicates, duplicates=duplicates, findings=None)
-        return Accepted(item_id, queued)
+        queued = IngestResult(
+            accepted=len(fresh), duplicates=duplicates, rejected=rejected, findings=None, results=results
+        )
+        return Accepted(item_id, queued, tuple(i for i, _ in fresh))
 
     async def wait(self, accepted: Accepted, timeout_seconds: float) -> IngestResult:
         """The batch's result once a replica has processed it; the queued answer if that takes too long."""
@@ -132,7 +183,7 @@ class Ingestor:
         while True:
             raw = await self._queue.result(accepted.item_id)
             if raw is not None:
-                return IngestResult.model_validate_json(raw)
+                return accepted.merge(IngestResult.model_validate_json(raw))
             if time.monotonic() + pause > deadline:
                 return accepted.queued
             await asyncio.sleep(pause)
@@ -142,35 +193,47 @@ class Ingestor:
     def split(item: bytes) -> list[bytes]:
         """The queue item of each exchange of a batch alone (the same accepting request), so that one
         exchange that cannot be processed does not hold back the others."""
-        request_id, first, body = _open(item)
+        request_id, refs, body = envelope.unwrap(item)
         batch = Batch.model_validate_json(body)
-        out = []
-        for i, ex in enumerate(batch.exchanges):
-            alone = Batch(exchanges=[ex]).model_dump_json(exclude_unset=True).encode()
-            refs = b"" if first is None else b"@%d\n" % (first + 2 * i)  # each keeps its refs
-            out.append(request_id + b"\n" + refs + alone)
-        return out
+        return [
+            envelope.wrap(
+                request_id,
+                None if refs is None else [refs[i]],  # each keeps its refs
+                Batch(exchanges=[ex]).model_dump_json(exclude_unset=True).encode(),
+            )
+            for i, ex in enumerate(batch.exchanges)
+        ]
 
     async def process(self, item: bytes) -> IngestResult:
         """Index and match one accepted batch; validated by ``accept``, so nothing here refuses it."""
-        request_id, first_ref, body = _open(item)
+        request_id, refs, body = envelope.unwrap(item)
         with request_id_bound(request_id.decode() or None):  # logs and incident timelines name the request
-            return await self._process(Batch.model_validate_json(body), first_ref)
+            return await self._process(Batch.model_validate_json(body), refs)
 
     @tracing.traced("ingest")
-    async def _process(self, batch: Batch, first_ref: int | None) -> IngestResult:
+    async def _process(self, batch: Batch, refs: list[int] | None) -> IngestResult:
         now = time.time()
-        if first_ref is None:
-            first_ref = await self._index.new_doc_refs(2 * len(batch.exchanges))
+        if refs is None or len(refs) != len(batch.exchanges):  # an item from before refs at acceptance
+            first = await self._index.new_doc_refs(2 * len(batch.exchanges))
+            refs = [first + 2 * i for i in range(len(batch.exchanges))]
         decoded = [decode_exchange(ex, i, self.limits) for i, ex in enumerate(batch.exchanges)]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, ex in enumerate(batch.exchanges):
             groups[ex.key_id].append(i)
         accepted = duplicates = findings = 0
+        repeated: set[int] = set()
         for ns, positions in groups.items():
-            a, d, f = await self._ingest_group(ns, batch, decoded, positions, first_ref, now)
+            a, d, f = await self._ingest_group(ns, batch, decoded, positions, refs, now, repeated)
             accepted, duplicates, findings = accepted + a, duplicates + d, findings + f
-        return IngestResult(accepted=accepted, duplicates=duplicates, findings=findings, processed=True)
+        # Per exchange only when one turned out a duplicate (in flight from a retry): kept for minutes.
+        results = None
+        if repeated:
+            results = [
+                ExchangeResult(status="duplicate" if i in repeated else "accepted") for i in range(len(batch.exchanges))
+            ]
+        return IngestResult(
+            accepted=accepted, duplicates=duplicates, findings=findings, processed=True, results=results
+        )
 
     async def _ingest_group(
         self,
@@ -178,15 +241,21 @@ class Ingestor:
         batch: Batch,
         decoded: list[tuple[Decoded, Decoded]],
         positions: list[int],
-        first: int,
+        refs: list[int],
         now: float,
+        repeated: set[int],
     ) -> tuple[int, int, int]:
         exchanges = [batch.exchanges[i] for i in positions]
         keys = [_idempotency_key(ex) for ex in exchanges]
         done = await self._index.done(keys, now)
+        repeated.update(i for i, d in zip(positions, done, strict=True) if d)
         fresh = [(i, ex) for i, ex, d in zip(positions, exchanges, done, strict=True) if not d]
         duplicates = len(exchanges) - len(fresh)
         metrics.EXCHANGES_DUPLICATE.inc(duplicates)
+        late = _late(fresh, await self._index.purged(sorted({ex.tenant for _, ex in fresh})))
+        if late:  # accepted before their tenant was purged: dropped here, and counted
+            metrics.EXCHANGES_REJECTED.labels("purged").inc(len(late))
+            fresh = [(i, ex) for i, ex in fresh if i not in late]
         if not fresh:
             return 0, duplicates, 0
         tenants = await self._index.tenant_refs(sorted({ex.tenant for _, ex in fresh}))
@@ -196,7 +265,7 @@ class Ingestor:
             prompt, response = decoded[i]
             context = {k: v for k, v in ex.meta.model_dump().items() if v is not None}
             context.setdefault("prompt_tokens", prompt.token_count)
-            for ref, kind, text in ((first + 2 * i, Kind.PROMPT, prompt), (first + 2 * i + 1, Kind.RESPONSE, response)):
+            for ref, kind, text in ((refs[i], Kind.PROMPT, prompt), (refs[i] + 1, Kind.RESPONSE, response)):
                 docs.append(Doc(ref, tenants[ex.tenant], kind, text.values, text.offsets))
                 metas[ref] = DocMeta(
                     tenant=ex.tenant,
@@ -222,7 +291,7 @@ class Ingestor:
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)
         metrics.EXCHANGES_INGESTED.inc(len(fresh))
         for i, _ in fresh:
-            metrics.record_exchange(metas[first + 2 * i], now)
+            metrics.record_exchange(metas[refs[i]], now)
         for doc in docs:
             metrics.FINGERPRINTS_INGESTED.labels(kind_name(doc.kind)).inc(len(doc.values))
         return len(fresh), duplicates, created

@@ -41,6 +41,9 @@ GAP_TOKENS = 64
 MAX_PREDECESSORS = 16
 # What joining two pieces into one copy costs in score (module docstring).
 JOIN_TOKENS = 1
+# A stretch this long that two tenants each sent is shared text, no one's secret (matcher.Shared):
+# the length the issue of record calls a copy, which unrelated documents of one genre do not share.
+SHARED_TOKENS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,12 @@ class Response:
             out &= self.values % np.uint64(mod) == 0
         self._kept[(w, mod)] = out
         return out
+
+    def explained(self, more: npt.NDArray[np.bool_]) -> Response:
+        """The same response with ``more`` fingerprints blind too (its window cache kept)."""
+        if not more.any():
+            return self
+        return Response(self.values, self.offsets, self.blind | more, self.params, self._kept)
 
     def blind_within(self, found: Spans) -> None:
         """Everything inside ``found`` is blind from now on (the recipient's own text)."""

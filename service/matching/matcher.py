@@ -21,15 +21,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from service import metrics, tracing
 from service.fingerprint.encoding import to_signed
 from service.fingerprint.scheme import Params
 from service.index.base import PROMPT_BIT, Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
+    SHARED_TOKENS,
     Budget,
     Copy,
     Match,
+    Piece,
     Response,
     Thresholds,
     coverage,
@@ -249,7 +252,8 @@ class Matcher:
         if meta is None or meta.values is None:
             return {}
         known = await self._known.get(ns)
-        (c,) = _classify_all([(ref, recipient, meta)], await self._index.lookup(ns, meta.values, now), known)
+        lookups = await self._index.lookup(ns, meta.values, now)
+        (c,) = _classify_all([(ref, recipient, meta)], lookups, known)
         sources = await self._sources(ns, sorted(c.refs()), known, now)
         raw = {k: len(v) for k, v in c.sent.items()} | {k: len(v) for k, v in c.served.items()}
         out = {}
@@ -258,7 +262,8 @@ class Matcher:
             pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
             tenant = next((sources[m.source_doc].tenant for m in kept), f"{key[0]}:{key[1]}")
             score = "-" if best is None else best.score
-            out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}"
+            around = "" if best is None else _around(c, lookups, kept, best.pieces[0].start, best.pieces[-1].end)
+            out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}{around}"
         return out
 
     async def _sources(self, ns: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
@@ -292,13 +297,60 @@ def _evidence(
     mine = spans(pieces(own, holes(c.response, own, params), params, n))
     c.response.blind_within(mine)
     sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
-    theirs = spans([p for ms in sent.values() if ms for p in pieces(ms, holes(c.response, ms, params), params, n)])
+    found = {k: pieces(ms, holes(c.response, ms, params), params, n) for k, ms in sent.items() if ms}
+    theirs = spans([p for ps in found.values() for p in ps])
     matches = dict(sent)
     for key, ms in c.served.items():
         kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], mine)
         # Text another tenant sent came from its prompt, whoever else was served it since.
         matches[key] = matches.get(key, []) + outside(kept, theirs)
-    return {key: (ms, evaluate(c.response, ms, params, budget)) for key, ms in matches.items()}
+    shared = Shared.of(found, c.response.offsets)
+    out = {}
+    for key, ms in matches.items():
+        response = c.response if shared is None or key[0] != "tenant" else c.response.explained(shared.others(key))
+        out[key] = (ms, evaluate(response, ms, params, budget))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """Which response fingerprints lie in a stretch of at least ``SHARED_TOKENS`` tokens that a
+    tenant sent: how many tenants did (``count``), and which one where it was one (``owner``).
+
+    Text two tenants each sent is neither one's secret: a public notice both pasted, which no
+    allowlist knows yet. Each is then evidence only of what the other did not send. Tenants'
+    stretches overlap a few deep at most (a fingerprint three tenants sent is common), so this
+    is one sort and one pass, whatever the number of tenants.
+    """
+
+    ids: dict[tuple[str, int], int]
+    count: npt.NDArray[np.int64]
+    owner: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, found: dict[tuple[str, int], list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
+        stretches = {
+            key: spans([p for p in ps if p.copied >= SHARED_TOKENS]) for key, ps in found.items() if key[0] == "tenant"
+        }
+        stretches = {key: s for key, s in stretches.items() if len(s[0])}
+        if len(stretches) < 2:
+            return None
+        ids = {key: i for i, key in enumerate(stretches, start=1)}
+        at = offsets.astype(np.int64)
+        count = np.zeros(len(at), dtype=np.int64)
+        owner = np.zeros(len(at), dtype=np.int64)
+        for key, (starts, ends) in stretches.items():
+            i = np.searchsorted(starts, at, "right") - 1
+            inside = (i >= 0) & (at < ends[np.maximum(i, 0)])
+            count += inside
+            owner += inside * ids[key]
+        return cls(ids, count, owner)
+
+    def others(self, key: tuple[str, int]) -> npt.NDArray[np.bool_]:
+        """The fingerprints in a stretch another tenant sent."""
+        mine = self.ids.get(key, 0)
+        out: npt.NDArray[np.bool_] = (self.count >= 2) | ((self.count == 1) & (self.owner != mine))
+        return out
 
 
 def _classify_all(todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known) -> list[Candidate]:
@@ -420,3 +472,27 @@ def _str(value: object) -> str | None:
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _around(c: Candidate, lookups: list[Lookup], kept: list[Match], lo: int, hi: int) -> str:
+    """One letter per response fingerprint near a copy, for ``why``: counted (#), blind (b), the
+    recipient's own (o), another tenant's (x), held by nobody (.)."""
+    counted = {m.response_offset for m in kept}
+    own = {m.response_offset for m in c.own}
+    letters = []
+    for i, offset in enumerate(c.meta.offsets.tolist() if c.meta.offsets is not None else []):
+        if lo - 8 <= offset < hi + 8:
+            found = lookups[i].entries
+            letter = (
+                "#"
+                if offset in counted
+                else "b"
+                if c.response.blind[i]
+                else "o"
+                if offset in own
+                else "."
+                if not found
+                else "x"
+            )
+            letters.append(letter)
+    return f"; from {lo - 8}: {''.join(letters)}"

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from service.audit.log import CLI
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
-from service.retention.jobs import Retention, prune, purge_tenant
+from service.retention.jobs import Retention, prune, purge_tenant, purge_tenant_index
 from service.retention.routes import NOT_PURGED, index_note
 
 
@@ -35,7 +36,23 @@ async def run_prune(_: argparse.Namespace) -> int:
 
 
 async def run_purge(args: argparse.Namespace) -> int:
+    """The index first (Redis: tombstone, documents, queued batches, held findings), then the database.
+    The embedded index lives in the server's process: there, ``POST /v1/tenants/purge`` does both."""
+    from service.app import make_index
+
     settings = Settings()
+    if settings.redis_url is not None:
+        index = make_index(settings)
+        try:
+            done = await purge_tenant_index(index, args.tenant, time.time())
+        finally:
+            await index.close()
+        print(
+            f"index: {done.documents} documents deleted, {done.batches} queued batches rewritten, "
+            f"{done.held_findings} held findings removed; a tombstone refuses the tenant's earlier exchanges"
+        )
+    else:
+        print("index: embedded, in the server's process; purge through POST /v1/tenants/purge to reach it")
     engine = make_engine(settings)
     try:
         async with session_scope(make_sessionmaker(engine)) as session:
@@ -46,6 +63,6 @@ async def run_purge(args: argparse.Namespace) -> int:
         f"purged: {purged.findings_deleted} findings deleted, {purged.findings_scrubbed} scrubbed, "
         f"{purged.incidents_deleted} incidents deleted, {purged.incidents_updated} updated"
     )
-    print(f"index: {index_note(settings)}")
+    print(f"index entries: {index_note(settings)}")
     print(f"not purged: {NOT_PURGED}")
     return 0

@@ -15,11 +15,13 @@ What is kept how long (days, ``BLEEDWATCH_*_RETENTION_DAYS``):
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
 from sqlalchemy import delete, func, or_, select, text, type_coerce
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -32,6 +34,8 @@ from service.db import session_scope, utcnow
 from service.findings.models import Finding
 from service.incidents import grouping
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
+from service.index.base import Index
+from service.ingest import envelope
 from service.periodic import Periodic
 from service.webhooks.models import WebhookDelivery
 
@@ -208,6 +212,64 @@ async def purge_tenant(session: AsyncSession, tenant: str, by: str) -> Purged:
     purged = Purged(len(direct), scrubbed, deleted, updated)
     await audit.record(session, by, "tenants.purge", f"tenant:{audit.tenant_hash(tenant)}", asdict(purged))
     return purged
+
+
+# --- purging one tenant from the index (Redis, or the embedded one) ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPurged:
+    documents: int  # metadata of its prompts and responses
+    batches: int  # queued or dead-lettered batches that carried its exchanges (rewritten without them)
+    held_findings: int  # findings waiting in the outbox that involved it (dropped, or scrubbed of it)
+
+
+def without_tenant_exchanges(tenant: str, item: bytes) -> bytes | None:
+    """A queue item (service/ingest/envelope.py) without the tenant's exchanges, the others keeping
+    their refs; None if nothing is left."""
+    request_id, refs, body = envelope.unwrap(item)
+    try:
+        batch = orjson.loads(body)
+        exchanges = batch["exchanges"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return item  # not a batch: nothing of a tenant to find in it
+    keep = [i for i, ex in enumerate(exchanges) if not (isinstance(ex, dict) and ex.get("tenant") == tenant)]
+    if len(keep) == len(exchanges):
+        return item
+    if not keep:
+        return None
+    kept_refs = None if refs is None or len(refs) != len(exchanges) else [refs[i] for i in keep]
+    return envelope.wrap(request_id, kept_refs, orjson.dumps({**batch, "exchanges": [exchanges[i] for i in keep]}))
+
+
+def without_tenant_finding(tenant: str, item: bytes) -> bytes | None:
+    """A held finding (service/ingest/outbox.py) without the tenant: dropped where it is recipient or
+    top source, its evidence scrubbed where it is one more source (as ``purge_tenant`` does)."""
+    try:
+        held = orjson.loads(item)
+        draft = held["draft"]
+        sources = draft.get("evidence", {}).get("sources", [])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return item
+    if tenant in (draft.get("recipient_tenant"), draft.get("source_tenant")):
+        return None
+    kept = [s for s in sources if not (isinstance(s, dict) and s.get("tenant") == tenant)]
+    if len(kept) == len(sources):
+        return item
+    draft["evidence"] = {**draft["evidence"], "sources": kept}
+    return orjson.dumps(held)
+
+
+async def purge_tenant_index(index: Index, tenant: str, now: float) -> IndexPurged:
+    """What the index holds about the tenant: tombstoned first (``Index.purged``), so that from then
+    on any work about its past is refused (a batch a worker holds, a gateway's late retry or spool
+    replay, a finding held for the database); then its documents, queued batches and held findings.
+    Run before the database purge, so that no finding is written after it."""
+    documents = await index.purge_tenant(tenant, now)
+    batches = await index.queue().rewrite(functools.partial(without_tenant_exchanges, tenant))
+    held = await index.outbox().rewrite(functools.partial(without_tenant_finding, tenant))
+    log.info("tenant_purged_from_index", extra={"documents": documents, "batches": batches, "held_findings": held})
+    return IndexPurged(documents, batches, held)
 
 
 class RetentionJob:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -20,9 +21,11 @@ Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 def index_note(settings: Settings) -> str:
     kept = settings.generation_seconds * settings.index_generations
     return (
-        "the fingerprint index cannot be searched by tenant, so its entries for this tenant are not deleted: "
-        f"they expire at most {kept} s after the tenant's last exchange "
-        "(BLEEDWATCH_RETENTION_SECONDS and BLEEDWATCH_INDEX_GENERATIONS); send none of its traffic until then"
+        "its documents, queued batches and held findings are deleted, and a tombstone refuses any exchange "
+        "or finding from before the purge (a queued batch, a gateway's retry or spool replay); the "
+        "fingerprint index cannot be searched by tenant, so its fingerprints' entries stay, unable to make "
+        f"or explain a finding without their documents, and expire at most {kept} s after the tenant's "
+        "last exchange (BLEEDWATCH_RETENTION_SECONDS and BLEEDWATCH_INDEX_GENERATIONS)"
     )
 
 
@@ -36,7 +39,9 @@ NOT_PURGED = (
 @router.post("/purge", response_model=PurgeResult, summary="Delete everything held about one tenant")
 async def purge(deps: Deps, caller: Admin, body: PurgeIn) -> PurgeResult:
     """Findings where the tenant is recipient or source, its place in other findings' evidence and in
-    incidents (incidents left empty are deleted). The purge itself is audited, by tenant hash."""
+    incidents (incidents left empty are deleted), and what the index holds about it (first, so that
+    nothing in flight writes a finding after the database is purged). Audited, by tenant hash."""
+    index = await jobs.purge_tenant_index(deps.index, body.tenant, time.time())
     async with session_scope(deps.sessions) as session:
         purged = await jobs.purge_tenant(session, body.tenant, caller.key_id)
     await deps.incidents.refresh_quietly()
@@ -46,6 +51,9 @@ async def purge(deps: Deps, caller: Admin, body: PurgeIn) -> PurgeResult:
         findings_scrubbed=purged.findings_scrubbed,
         incidents_deleted=purged.incidents_deleted,
         incidents_updated=purged.incidents_updated,
+        documents_deleted=index.documents,
+        batches_rewritten=index.batches,
+        held_findings_removed=index.held_findings,
         index=index_note(deps.settings),
         not_purged=NOT_PURGED,
     )

@@ -7,11 +7,16 @@
   ``flush_seconds``). 429 and 503 are retried after the server's Retry-After (at most
   ``max_backoff_seconds``), other 5xx and network errors after an exponential backoff with jitter;
   any other 4xx is a bug in the caller: the batch is refused for good (``Rejected``).
+- The service answers per exchange: an exchange it rejects (``results``) is dropped alone, with
+  its reason, and the rest of its batch is taken. The client checks names and sizes before
+  sending, against the service's own limits (service/ingest/limits.py): an exchange the service
+  would reject never travels, and batches are cut so that no body passes ``max_body_bytes``.
 - A batch not delivered within ``max_attempts`` goes to the spool, if one is configured
   (``service/sdk/spool.py``: a bounded local file), and is replayed when the service answers
   again. Exchanges are dropped only when they cannot be kept: the spool is full, or there is no
   spool, or the queue passed ``max_pending`` with nowhere to put it, or the service refused them.
-  Every drop is counted (``dropped``), logged, and reported to the service
+  Every drop is counted (``dropped``, and by reason in ``dropped_by_reason``: ``rejected:<error>``,
+  ``invalid:<field>``, ``too_large:<what>``, ``queue_full``, ...), logged, and reported to the service
   (``POST /v1/sdk/drops``, idempotent), which exports ``bleedwatch_sdk_dropped_exchanges_total``.
 
 The service answers once a batch is durably queued (``Prefer: respond-async``) and indexes and
@@ -26,6 +31,7 @@ replays and tests that want the figure).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import email.utils
@@ -34,6 +40,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import time
 import uuid
 from types import TracebackType
@@ -43,7 +50,8 @@ import httpx
 import orjson
 
 from service.fingerprint.scheme import DEFAULT_PARAMS, Params
-from service.sdk.exchange import Scalar, fingerprint_exchange
+from service.ingest.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
+from service.sdk.exchange import Scalar, fingerprint_exchange, name_problem, size_problem, wire_size
 from service.sdk.spool import Spool
 
 log = logging.getLogger("bleedwatch.sdk")
@@ -52,6 +60,8 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # Texts longer than this (characters) are fingerprinted in a worker process: tokenising a
 # megabyte-sized prompt is one long C call that would hold the GIL, and so the gateway's loop.
 LONG_TEXT_CHARS = 200_000
+_ERROR_CODE = re.compile(r"^[a-z_]{1,32}$")  # a service's error codes; anything else is counted as "other"
+_BODY_FRAME = len('{"exchanges":[]}')
 
 
 class Rejected(Exception):
@@ -61,6 +71,7 @@ class Rejected(Exception):
         super().__init__(f"{status} {body.get('error', '')}: {body.get('detail', '')}")
         self.status = status
         self.body = body
+        self.reason = _rejected(body.get("error"))
 
 
 class Undelivered(Exception):
@@ -98,7 +109,13 @@ class BleedwatchClient:
         spool: Spool | str | os.PathLike[str] | None = None,
         max_pending: int = 20_000,
         wait_for_processing: bool = False,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_fingerprints_per_text: int = DEFAULT_MAX_FINGERPRINTS_PER_TEXT,
+        max_batch_exchanges: int = DEFAULT_MAX_BATCH_EXCHANGES,
     ) -> None:
+        """``max_*`` are the service's BLEEDWATCH_MAX_* settings: pass them where it is configured otherwise."""
+        if not 0 < batch_size <= max_batch_exchanges:
+            raise ValueError(f"batch_size must be between 1 and {max_batch_exchanges} (BLEEDWATCH_MAX_BATCH_EXCHANGES)")
         headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
         if not wait_for_processing:
             headers["Prefer"] = "respond-async"
@@ -109,6 +126,8 @@ class BleedwatchClient:
             transport=transport,
         )
         self._batch_size = batch_size
+        self._max_body_bytes = max_body_bytes
+        self._max_fingerprints = max_fingerprints_per_text
         self._flush_seconds = flush_seconds
         self._max_attempts = max_attempts
         self._max_backoff = max_backoff_seconds
@@ -129,7 +148,9 @@ class BleedwatchClient:
         self.findings = 0
         self.rejected = 0
         self.dropped = 0
+        self.dropped_by_reason: collections.Counter[str] = collections.Counter()
         self.spooled = 0
+        self._spool_losses = 0  # the spool's skipped_records already counted as drops
 
     async def __aenter__(self) -> BleedwatchClient:
         self._start()
@@ -177,19 +198,24 @@ class BleedwatchClient:
         self._queue(exchange)
 
     def _queue(self, exchange: dict[str, Any]) -> None:
+        problem = name_problem(exchange) or size_problem(exchange, self._max_fingerprints, self._max_body_bytes)
+        if problem is not None:  # the service would reject it: it never travels, and is counted
+            self.rejected += 1
+            self._drop(1, problem)
+            return
         self._pending.append(exchange)
         if len(self._pending) >= self._batch_size:
             self._wake.set()
             self._start()
         if len(self._pending) > self._max_pending:  # the service is slower than the gateway, or away
-            overflow, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
+            overflow = self._cut()
             task = asyncio.get_running_loop().create_task(self._spill(overflow))
             self._spilling.add(task)
             task.add_done_callback(self._spilling.discard)
 
     async def _spill(self, batch: list[dict[str, Any]]) -> None:
         if not await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
-            self._drop(len(batch), "the queue is full and there is no room in a spool")
+            self._drop(len(batch), "queue_full")  # and there is no room in a spool
 
     async def submit_text(
         self,
@@ -206,7 +232,12 @@ class BleedwatchClient:
     ) -> None:
         """Fingerprint off the event loop and queue; returns as soon as the work is handed over."""
         if self.pending >= self._max_pending + self._batch_size:
-            self._drop(1, "the fingerprinting queue is full")
+            self._drop(1, "fingerprinting_queue_full")
+            return
+        problem = name_problem({"tenant": tenant, "request_id": request_id, "model": model, "meta": meta})
+        if problem is not None:  # before hashing it, which would be wasted
+            self.rejected += 1
+            self._drop(1, problem)
             return
         loop = asyncio.get_running_loop()
         long = len(prompt) + len(response) > LONG_TEXT_CHARS
@@ -246,7 +277,7 @@ class BleedwatchClient:
         exc = future.exception()
         if exc is not None:
             log.error("bleedwatch: could not fingerprint an exchange: %s", type(exc).__name__)
-            self._drop(1, "fingerprinting failed")
+            self._drop(1, "fingerprinting_failed")
             return
         self._queue(future.result())
 
@@ -262,8 +293,7 @@ class BleedwatchClient:
         async with self._lock:
             await self._replay()
             while self._pending:
-                batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
-                await self._deliver(batch, raise_errors=True)
+                await self._deliver(self._cut(), raise_errors=True)
             await self._report_drops()
 
     async def _deliver(self, batch: list[dict[str, Any]], *, raise_errors: bool) -> bool:
@@ -272,7 +302,7 @@ class BleedwatchClient:
             result = await self.send(batch)
         except Rejected as exc:
             self.rejected += len(batch)  # resending the same bytes cannot succeed
-            self._drop(len(batch), f"refused by the service: {exc}")
+            self._drop(len(batch), exc.reason, str(exc))
             if raise_errors:
                 raise
             return False
@@ -296,15 +326,50 @@ class BleedwatchClient:
             return True
         return False
 
-    def _drop(self, exchanges: int, why: str) -> None:
+    def _cut(self) -> list[dict[str, Any]]:
+        """The next batch off the queue: up to ``batch_size`` exchanges whose body stays within
+        ``max_body_bytes`` (a body the service refuses would lose every exchange in it)."""
+        room = self._max_body_bytes - _BODY_FRAME
+        count = 0
+        for exchange in self._pending[: self._batch_size]:
+            room -= wire_size(exchange) + 1
+            if room < 0 and count:
+                break
+            count += 1
+        batch, self._pending = self._pending[:count], self._pending[count:]
+        return batch
+
+    def _count_spool_losses(self) -> None:
+        """Spooled records that failed their check (a bad disk, a torn write): each is at least one
+        exchange lost, counted as a drop (``spool_corrupt``) like any other."""
+        if self._spool is not None and self._spool.skipped_records > self._spool_losses:
+            lost, self._spool_losses = self._spool.skipped_records - self._spool_losses, self._spool.skipped_records
+            self._drop(lost, "spool_corrupt")
+
+    def _drop(self, exchanges: int, reason: str, detail: str | None = None) -> None:
+        """``reason`` is a short code (bounded: never a name or a value), the key of ``dropped_by_reason``;
+        ``detail`` the service's message (the field and the rule, never a value), for the log."""
         self.dropped += exchanges
+        self.dropped_by_reason[reason] += exchanges
         self._unreported += exchanges
-        log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, why)
+        if detail:
+            log.error("bleedwatch: %d exchanges dropped (%s: %s)", exchanges, reason, detail[:300])
+        else:
+            log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, reason)
 
     def _count(self, result: dict[str, Any]) -> None:
         self.accepted += result["accepted"]
         self.duplicates += result["duplicates"]
         self.findings += result.get("findings") or 0
+        rejected: dict[str, tuple[int, str | None]] = {}  # reason -> count, first detail: one log line each
+        for entry in result.get("results") or ():
+            if entry.get("status") == "rejected":  # the rest of its batch was taken
+                reason, detail = _rejected(entry.get("error")), entry.get("detail")
+                count, first = rejected.get(reason, (0, detail if isinstance(detail, str) else None))
+                rejected[reason] = (count + 1, first)
+        for reason, (count, first) in rejected.items():
+            self.rejected += count
+            self._drop(count, reason, first)
 
     async def send(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Post one batch until it is accepted, refused for good, or the attempts run out."""
@@ -339,18 +404,19 @@ class BleedwatchClient:
         spool = self._spool
         while spool:
             record = await asyncio.to_thread(spool.peek)
+            self._count_spool_losses()
             if record is None:
                 return
             try:
                 result = await self._post(record.payload)
             except Rejected as exc:
                 self.rejected += record.exchanges
-                self._drop(record.exchanges, f"spooled batch refused by the service: {exc}")
+                self._drop(record.exchanges, exc.reason, str(exc))
             except Undelivered:
                 return  # still away: keep it for the next round
             else:
                 self._count(result)
-            await asyncio.to_thread(spool.commit, record.end)
+            await asyncio.to_thread(spool.commit, record.end, record.generation)
 
     async def _report_drops(self) -> None:
         """Tell the service how many exchanges were dropped (once per report, whatever the retries)."""
@@ -387,14 +453,18 @@ class BleedwatchClient:
                     if self._spool:
                         await self._replay()
                     while len(self._pending) >= (1 if timed_out else self._batch_size):
-                        batch, self._pending = self._pending[: self._batch_size], self._pending[self._batch_size :]
-                        if not await self._deliver(batch, raise_errors=False):
+                        if not await self._deliver(self._cut(), raise_errors=False):
                             break  # the service is away: the rest waits for the next round
                     await self._report_drops()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the sender must outlive any single failure
                 log.error("bleedwatch: background send failed: %s", type(exc).__name__)
+
+
+def _rejected(error: object) -> str:
+    """The drop reason of an exchange the service refused: its error code, bounded."""
+    return f"rejected:{error if isinstance(error, str) and _ERROR_CODE.fullmatch(error) else 'other'}"
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,8 +17,24 @@ from service.fingerprint.scheme import (
     fingerprint_text,
     key_id,
 )
+from service.ingest.limits import (
+    LABEL_MAX_CHARS,
+    LABEL_PATTERN,
+    NAME_MAX_CHARS,
+    NAME_PATTERN,
+    REQUEST_ID_MAX_CHARS,
+)
 
 Scalar = str | int | float | bool | None
+
+_NAME = re.compile(NAME_PATTERN)
+_LABEL = re.compile(LABEL_PATTERN)
+_NAMES = (("tenant", NAME_MAX_CHARS), ("request_id", REQUEST_ID_MAX_CHARS), ("model", LABEL_MAX_CHARS))
+_LISTED_META = {"deployment", "node", "end_user"}  # labels; prompt_tokens is a count
+# What an exchange's JSON holds besides its fingerprints, names and meta (keys, scheme, ts, key id, counts), at most.
+_FIXED_BYTES = 1024
+_JSON_ESCAPE = 6  # a character takes at most 6 bytes in JSON (\uXXXX)
+_DIGITS_U64 = 21  # a u64 in a JSON list, with its comma
 
 
 def _text(fp: Fingerprints) -> dict[str, Any]:
@@ -63,3 +81,62 @@ def fingerprint_exchange(
         "response": _text(fingerprint_text(response, key, params.for_response())),
         "meta": dict(meta or {}),
     }
+
+
+def name_problem(exchange: Mapping[str, Any]) -> str | None:
+    """Why the service would reject this exchange for its names or meta, as a drop reason
+    (``invalid:<field>``); None when they are fine. The same limits as the service's, from
+    service/ingest/limits.py, so a name the service refuses never travels."""
+    for field, max_chars in _NAMES:
+        value = exchange.get(field)
+        if not isinstance(value, str) or len(value) > max_chars or not _NAME.fullmatch(value):
+            return f"invalid:{field}"
+    meta = exchange.get("meta") or {}
+    if not isinstance(meta, Mapping):
+        return "invalid:meta"
+    for name, value in meta.items():
+        if name not in _LISTED_META and name != "prompt_tokens":
+            return "invalid:meta"  # listed fields only: free-form ones could carry raw text
+        if value is None:
+            continue
+        if name == "prompt_tokens":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
+                return "invalid:meta"
+        elif not (isinstance(value, str) and len(value) <= LABEL_MAX_CHARS and _LABEL.fullmatch(value)):
+            return "invalid:meta"
+    return None
+
+
+def fingerprint_count(text: Mapping[str, Any]) -> int:
+    """Fingerprints of one text of the wire form (base64 of u64s, or a JSON list), without decoding them."""
+    values = text.get("fingerprints")
+    if isinstance(values, str):
+        return (len(values) // 4 * 3 - values[-2:].count("=")) // 8
+    return len(values) if isinstance(values, list) else 0
+
+
+def wire_size(exchange: Mapping[str, Any]) -> int:
+    """An upper bound of the bytes this exchange takes in a batch's JSON body, without encoding it:
+    what the client cuts batches by, so that no body passes the service's limit."""
+    size = _FIXED_BYTES
+    for kind in ("prompt", "response"):
+        text = exchange.get(kind) or {}
+        for field in ("fingerprints", "offsets"):
+            value = text.get(field)
+            size += len(value) if isinstance(value, str) else _DIGITS_U64 * len(value or ())
+    for field, _ in _NAMES:
+        size += _JSON_ESCAPE * len(str(exchange.get(field) or ""))
+    for name, value in (exchange.get("meta") or {}).items():
+        size += _JSON_ESCAPE * (len(str(name)) + len(str(value))) + 8
+    return size
+
+
+def size_problem(exchange: Mapping[str, Any], max_fingerprints_per_text: int, max_body_bytes: int) -> str | None:
+    """Why the service would refuse this exchange for its size (``too_large:<what>``), or None."""
+    for kind in ("prompt", "response"):
+        text = exchange.get(kind)
+        if isinstance(text, Mapping) and fingerprint_count(text) > max_fingerprints_per_text:
+            return f"too_large:{kind}"
+    if wire_size(exchange) + len('{"exchanges":[]}') > max_body_bytes:
+        return "too_large:exchange"
+    return None

@@ -13,10 +13,14 @@ with ``BLEEDWATCH_URL``, ``BLEEDWATCH_API_KEY`` (an ingest key) and
 ``BLEEDWATCH_FINGERPRINT_KEY`` (hex, the gateway's key) in the proxy's environment. The
 callback reads LiteLLM's documented callback arguments (``kwargs`` with
 ``standard_logging_object``, ``response_obj``, ``start_time``, ``end_time``); the tenant is the
-LiteLLM team, else the user, else the end user, else the virtual key's hash; the deployment is
-the model deployment's id and the node its ``api_base``. Text is hashed here, in a worker
-thread; only fingerprints leave the proxy. Do not turn on LiteLLM's message redaction for this
-callback: a redacted exchange has nothing to fingerprint and is skipped.
+LiteLLM team, else the organisation, else the virtual key's owner, else the key's hash: what the
+proxy authenticated, never the OpenAI ``user`` field (the end user), which the caller writes
+itself. A caller who could name the victim's tenant there would make a leaked answer look like
+the victim's own text, and nothing would be found. The end user is kept under the tenant, as
+``meta.end_user``. The deployment is the model deployment's id and the node its ``api_base``.
+Text is hashed here, in a worker thread; only fingerprints leave the proxy. Do not turn on
+LiteLLM's message redaction for this callback: a redacted exchange has nothing to fingerprint
+and is skipped.
 
 ``litellm`` is not a dependency of bleedwatch: when it is installed this class subclasses its
 ``CustomLogger`` (so LiteLLM recognises it), otherwise a plain object with the same methods.
@@ -47,14 +51,17 @@ else:
 log = logging.getLogger("bleedwatch.litellm")
 
 # Where the tenant comes from, first found wins: keys of standard_logging_object["metadata"],
-# then of standard_logging_object itself.
+# then of standard_logging_object itself. Only what the proxy's authentication sets: the key's
+# team, organisation, owner (set when the key was made) or the key itself.
 TENANT_FIELDS = (
     "user_api_key_team_id",
+    "user_api_key_org_id",
     "user_api_key_user_id",
-    "user_api_key_end_user_id",
-    "end_user",
     "user_api_key_hash",
 )
+# The caller's own ``user`` field (OpenAI's end-user id): chosen by the caller, so never a tenant.
+# Refused in ``tenant_fields``; kept as ``meta.end_user`` under the authenticated tenant.
+END_USER_FIELDS = ("user_api_key_end_user_id", "end_user")
 CHAT_CALL_TYPES = frozenset({"completion", "acompletion"})
 REDACTED = "redacted-by-litellm"
 
@@ -94,10 +101,25 @@ def _epoch(value: Any) -> float | None:
     return None
 
 
+def _first(metadata: Any, slo: Any, fields: Sequence[str]) -> str | None:
+    return next((str(v) for f in fields if (v := _get(metadata, f) or _get(slo, f)) not in (None, "")), None)
+
+
+def _check_tenant_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    spoofable = sorted(set(fields) & set(END_USER_FIELDS))
+    if spoofable:
+        raise ValueError(
+            f"tenant_fields: {', '.join(spoofable)} is the caller's own end-user id, not an authenticated "
+            "identity; a caller could name another tenant there and hide a leak"
+        )
+    return tuple(fields)
+
+
 def exchange_from_callback(
     kwargs: Mapping[str, Any], response_obj: Any, start_time: Any, tenant_fields: Sequence[str] = TENANT_FIELDS
 ) -> LiteLLMExchange | None:
     """What one LiteLLM success callback says about a chat exchange, or None if it is not one."""
+    tenant_fields = _check_tenant_fields(tenant_fields)
     slo = kwargs.get("standard_logging_object") or {}
     call_type = kwargs.get("call_type") or _get(slo, "call_type")
     if call_type is not None and call_type not in CHAT_CALL_TYPES:
@@ -115,10 +137,7 @@ def exchange_from_callback(
         return None  # nothing to fingerprint, or LiteLLM's message redaction is on
     prompt = "\n\n".join(texts)
     metadata = _get(slo, "metadata") or {}
-    tenant = next(
-        (str(v) for f in tenant_fields if (v := _get(metadata, f) or _get(slo, f)) not in (None, "")),
-        None,
-    )
+    tenant = _first(metadata, slo, tenant_fields)
     request_id = _get(response, "id") or _get(slo, "id") or kwargs.get("litellm_call_id")
     if tenant is None or not request_id:
         return None
@@ -129,6 +148,7 @@ def exchange_from_callback(
         "deployment": _get(slo, "model_id") or _get(hidden, "model_id"),
         "node": _get(slo, "api_base") or _get(hidden, "api_base"),
         "prompt_tokens": prompt_tokens if isinstance(prompt_tokens, int) and prompt_tokens > 0 else None,
+        "end_user": _first(metadata, slo, END_USER_FIELDS) or _get(kwargs.get("optional_params"), "user"),
     }
     model = _get(slo, "model_group") or kwargs.get("model") or _get(response, "model") or "unknown"
     return LiteLLMExchange(
@@ -161,7 +181,7 @@ class BleedwatchLogger(_CustomLogger):
         self._url = url
         self._api_key = api_key
         self._key = fingerprint_key
-        self._tenant_fields = tuple(tenant_fields)
+        self._tenant_fields = _check_tenant_fields(tenant_fields)
         self._params = params
         self._flush_seconds = flush_seconds
         self._client = client

@@ -4,36 +4,55 @@ The gateway keeps serving while bleedwatch is unreachable; what the SDK could no
 here instead of being dropped, and only a full spool drops (the client counts and reports every
 drop). The file is append-only, a sequence of records::
 
-    length u32 | exchanges u32 | CRC-32 of the payload u32 | payload (the batch's JSON body)
+    magic "BWs2" | length u32 | exchanges u32 | CRC-32 of length, exchanges and payload u32 | payload
 
-all big-endian. A crash in the middle of an append leaves a torn last record, which fails its
-length or CRC check and is cut off when the spool is opened again: every whole record survives.
+all big-endian; the payload is the batch's JSON body. A record that fails its check is skipped
+and counted (``skipped_records``), never taken as the end of the file: the next record is found
+by its magic, so one bad sector costs one batch, not everything after it. Only a bad tail with
+no whole record after it (a crash in the middle of an append) is cut off. Files of the earlier
+layout (no magic) are read once and rewritten in this one.
 
-Delivered records are skipped, not rewritten: ``<path>.offset`` holds the byte offset of the
-first undelivered record (replaced atomically after each delivery). Once everything is
-delivered the file is truncated to zero. A crash between a delivery and its offset update
-replays that record once more, which the service reports as duplicates (ingest is idempotent).
+Delivered records are skipped, not rewritten: ``<path>.offset`` holds ``generation offset``, the
+byte offset of the first undelivered record (replaced atomically after each delivery). Once
+everything is delivered the generation goes up and the file is truncated to zero. An offset
+that is not where a record starts (a stale file, one from before a crash or of another file) is
+repaired to the record boundary before it, so at worst a batch is sent twice, which the service
+reports as duplicates (ingest is idempotent); a record is never skipped because of the offset.
 
 Durability (``fsync``): ``"always"`` (the default) fsyncs the file after every append and the
-offset file after every update, so a spooled batch survives a power loss; ``"never"`` leaves it
-to the operating system (a crash of the process alone loses nothing either way). Appends only
-happen while the service is unreachable, so the cost of ``always`` is paid rarely.
+offset file after every update, and the directory after a file is created or replaced, so a
+spooled batch survives a power loss; ``"never"`` leaves it to the operating system (a crash of
+the process alone loses nothing either way). Appends only happen while the service is
+unreachable, so the cost of ``always`` is paid rarely. Files are created with mode 0600 (the
+payloads are fingerprints, but of the gateway's tenants' traffic) in a directory of mode 0700.
 
-Thread-safe (one lock): the client calls it from worker threads, never on its event loop.
+Shared safely: every operation holds an exclusive ``flock`` on ``<path>.lock`` and first reads
+what other processes did (their appends, deliveries, truncations), so the workers of one gateway
+may be given the same path. Two processes may send the same record (a duplicate, harmless);
+neither can corrupt the file. Within a process a lock serialises the client's worker threads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import mmap
 import os
 import struct
 import threading
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-HEADER = struct.Struct(">III")
+MAGIC = b"BWs2"
+HEADER = struct.Struct(">4sIII")
+_CHECKED = struct.Struct(">II")  # length and exchanges, covered by the CRC with the payload
+_LEGACY_HEADER = struct.Struct(">III")  # length, exchanges, CRC-32 of the payload (no magic)
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +60,15 @@ class Record:
     end: int  # offset just past this record: commit(end) marks it delivered
     exchanges: int
     payload: bytes
+    generation: int = 0  # the file's generation when read: a commit from an older one is ignored
+
+
+def _crc(length: int, exchanges: int, payload: bytes) -> int:
+    return zlib.crc32(payload, zlib.crc32(_CHECKED.pack(length, exchanges)))
+
+
+def encode_record(payload: bytes, exchanges: int) -> bytes:
+    return HEADER.pack(MAGIC, len(payload), exchanges, _crc(len(payload), exchanges, payload)) + payload
 
 
 class Spool:
@@ -56,13 +84,18 @@ class Spool:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.fsync = fsync
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         self._mutex = threading.Lock()
         self._offset_path = self.path.with_name(self.path.name + ".offset")
-        self._file = open(self.path, "a+b")  # noqa: SIM115 - held open for the spool's life
-        self._start = self._read_offset()
-        self._end = self._recover()
-        self._pending = self._count()
+        self._lock_fd = self._open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR)
+        self._file = os.fdopen(self._open(self.path, os.O_RDWR), "r+b")
+        self._generation = -1  # what this process last saw on disk; -1: nothing yet
+        self._start = self._end = self._pending = 0
+        self.skipped_records = 0  # records that failed their check and were skipped (or a torn tail cut)
+        self.repaired_offsets = 0  # times the offset file was stale or unreadable and was rewritten
+        self._bad: set[tuple[int, int]] = set()  # (generation, offset) of bad records counted already
+        with self._locked():
+            self._sync()
 
     # --- state ----------------------------------------------------------------------------
     @property
@@ -75,113 +108,273 @@ class Spool:
         return self._pending
 
     def __bool__(self) -> bool:
-        return self._start < self._end
+        """Anything undelivered, as far as this process knows, or the file changed (another process
+        appended): a cheap look, without the lock; ``peek`` says for sure."""
+        if self._file.closed:
+            return False
+        return self._start < self._end or os.fstat(self._file.fileno()).st_size != self._end
 
     # --- writing --------------------------------------------------------------------------
     def append(self, payload: bytes, exchanges: int) -> bool:
         """Keep one batch; False (and nothing written) when it would pass ``max_bytes``."""
-        with self._mutex:
-            return self._append(payload, exchanges)
-
-    def _append(self, payload: bytes, exchanges: int) -> bool:
-        record = HEADER.pack(len(payload), exchanges, zlib.crc32(payload)) + payload
-        if self._end + len(record) > self.max_bytes:
-            return False
-        self._file.seek(self._end)
-        self._file.write(record)
-        self._file.flush()
-        if self.fsync == "always":
-            os.fsync(self._file.fileno())
-        self._end += len(record)
-        self._pending += exchanges
-        return True
+        with self._locked():
+            self._sync()
+            record = encode_record(payload, exchanges)
+            if self._end + len(record) > self.max_bytes:
+                return False
+            self._file.seek(self._end)
+            self._file.write(record)
+            self._file.flush()
+            if self.fsync == "always":
+                os.fsync(self._file.fileno())
+            self._end += len(record)
+            self._pending += exchanges
+            return True
 
     # --- replay ---------------------------------------------------------------------------
     def peek(self) -> Record | None:
         """The oldest undelivered batch, or None."""
-        with self._mutex:
-            if self._start >= self._end:
-                return None
-            return self._read_at(self._start)
+        with self._locked():
+            self._sync()
+            while self._start < self._end:
+                record = self._read_at(self._start)
+                if record is not None:
+                    return record
+                # Skipped and counted (once), and on to the next whole record.
+                self._skip(self._start)
+                self._commit(self._next_record(self._start + 1, self._end) or self._end)
+            return None
 
-    def commit(self, end: int) -> None:
-        """Everything before ``end`` (a ``Record.end``) is delivered."""
-        with self._mutex:
+    def commit(self, end: int, generation: int | None = None) -> None:
+        """Everything before ``end`` (a ``Record.end``) is delivered. A commit another process made
+        already, or one of a generation since truncated (``Record.generation``), changes nothing."""
+        with self._locked():
+            self._sync()
+            if (generation is not None and generation != self._generation) or end <= self._start:
+                return
+            if end > self._end:
+                raise ValueError("commit offset outside the undelivered records")
             self._commit(end)
-
-    def _commit(self, end: int) -> None:
-        if not self._start < end <= self._end:
-            raise ValueError("commit offset outside the undelivered records")
-        record = self._read_at(self._start)
-        while record is not None and record.end <= end:
-            self._pending -= record.exchanges
-            if record.end == end:
-                break
-            record = self._read_at(record.end)
-        self._start = end
-        if self._start == self._end:  # all delivered: start over with an empty file
-            self._file.truncate(0)
-            self._file.flush()
-            if self.fsync == "always":
-                os.fsync(self._file.fileno())
-            self._start = self._end = 0
-            self._offset_path.unlink(missing_ok=True)
-            return
-        self._write_offset(self._start)
 
     def close(self) -> None:
         with self._mutex:
             self._file.close()
+            os.close(self._lock_fd)
 
     # --- internals ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._mutex:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _open(self, path: Path, flags: int) -> int:
+        """Created with mode 0600 (and the directory fsynced, so the new name survives a power loss);
+        an existing file is brought to 0600."""
+        created = False
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            fd = os.open(path, flags | os.O_CREAT, FILE_MODE)
+            created = True
+        os.fchmod(fd, FILE_MODE)
+        if created:
+            self._fsync_dir()
+        return fd
+
+    def _fsync_dir(self) -> None:
+        if self.fsync != "always":
+            return
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _commit(self, end: int) -> None:
+        record = self._read_at(self._start)
+        offset = self._start
+        while offset < end:
+            if record is None:  # a bad record between: skipped by its magic, as the scan does
+                offset = self._next_record(offset + 1, end) or end
+            else:
+                self._pending -= record.exchanges
+                offset = record.end
+            record = self._read_at(offset) if offset < end else None
+        self._start = end
+        if self._start == self._end:  # all delivered: a new generation, from an empty file
+            self._generation += 1
+            self._start = self._end = self._pending = 0
+            self._write_offset()  # first: a crash before the truncation replays, never skips
+            self._file.truncate(0)
+            self._file.flush()
+            if self.fsync == "always":
+                os.fsync(self._file.fileno())
+            return
+        self._write_offset()
+
+    def _sync(self) -> None:
+        """Catch up with the files on disk: what another process (or an earlier life of this one)
+        appended, delivered or truncated. Cheap when nothing changed or records were only added."""
+        generation, start, readable = self._read_offset()
+        size = os.fstat(self._file.fileno()).st_size
+        if (generation, start, size) == (self._generation, self._start, self._end) and readable:
+            return
+        if generation == self._generation and self._start <= start <= self._end <= size and readable:
+            self._pending -= self._exchanges_between(self._start, start)
+            self._start = start
+            if size > self._end:  # appended by another process, or torn by a crash in the middle of it
+                added, good_end = self._scan(self._end, size)
+                self._pending += sum(exchanges for _, exchanges in added)
+                self._end = self._cut(good_end, size)
+            return
+        self._rescan(generation, start, size, readable)
+
+    def _rescan(self, generation: int, start: int, size: int, readable: bool) -> None:
+        """Read the whole file: where its records are, where the first undelivered one starts."""
+        self._generation = max(generation, 0)
+        if size and self._is_legacy():
+            size = self._migrate(size)
+        records, good_end = self._scan(0, size)
+        self._end = self._cut(good_end, size)
+        starts = [offset for offset, _ in records]
+        repaired = start
+        if start > self._end:  # from an older generation of the file: replay it all
+            repaired = 0
+        elif start != self._end and start not in set(starts):
+            repaired = max((s for s in starts if s <= start), default=0)
+        self._start = repaired
+        self._pending = sum(exchanges for offset, exchanges in records if offset >= repaired)
+        if repaired != start or not readable:
+            self.repaired_offsets += 1
+            self._write_offset()
+
+    def _scan(self, offset: int, size: int) -> tuple[list[tuple[int, int]], int]:
+        """The whole records from ``offset`` (their offsets and exchanges), skipping and counting
+        bad ones, and the end of the last whole one."""
+        records: list[tuple[int, int]] = []
+        good_end = offset
+        while offset < size:
+            record = self._read_at(offset)
+            if record is None:
+                nxt = self._next_record(offset + 1, size)
+                self._skip(offset)
+                if nxt is None:
+                    break
+                offset = nxt
+                continue
+            records.append((offset, record.exchanges))
+            offset = good_end = record.end
+        return records, good_end
+
+    def _skip(self, offset: int) -> None:
+        if (self._generation, offset) not in self._bad:
+            self._bad.add((self._generation, offset))
+            self.skipped_records += 1
+
+    def _cut(self, good_end: int, size: int) -> int:
+        """Cut a bad tail (nothing whole after it: a crash in the middle of an append)."""
+        if good_end < size:
+            self._file.truncate(good_end)
+            self._file.flush()
+            if self.fsync == "always":
+                os.fsync(self._file.fileno())
+        return good_end
+
+    def _next_record(self, offset: int, size: int) -> int | None:
+        """Where the next whole record starts at or after ``offset``, found by its magic; None if none."""
+        if offset >= size:
+            return None
+        with mmap.mmap(self._file.fileno(), size, access=mmap.ACCESS_READ) as view:
+            while (found := view.find(MAGIC, offset, size)) != -1:
+                if self._read_at(found) is not None:
+                    return found
+                offset = found + 1
+        return None
+
+    def _exchanges_between(self, start: int, end: int) -> int:
+        total, offset = 0, start
+        while offset < end:
+            record = self._read_at(offset)
+            if record is None:
+                offset = self._next_record(offset + 1, end) or end
+                continue
+            total += record.exchanges
+            offset = record.end
+        return total
+
+    def _is_legacy(self) -> bool:
+        """Written in the earlier layout: its first record is whole in it (a first record of this
+        layout that went bad is skipped like any other, not read as the earlier layout)."""
+        self._file.seek(0)
+        head = self._file.read(_LEGACY_HEADER.size)
+        if len(head) < _LEGACY_HEADER.size or head.startswith(MAGIC):
+            return False
+        length, _, crc = _LEGACY_HEADER.unpack(head)
+        payload = self._file.read(length)
+        return len(payload) == length and zlib.crc32(payload) == int(crc)
+
     def _read_at(self, offset: int) -> Record | None:
         self._file.seek(offset)
         head = self._file.read(HEADER.size)
         if len(head) < HEADER.size:
             return None
-        length, exchanges, crc = HEADER.unpack(head)
-        payload = self._file.read(length)
-        if len(payload) < length or zlib.crc32(payload) != crc:
+        magic, length, exchanges, crc = HEADER.unpack(head)
+        if magic != MAGIC:
             return None
-        return Record(offset + HEADER.size + length, exchanges, payload)
+        payload = self._file.read(length)
+        if len(payload) < length or _crc(length, exchanges, payload) != crc:
+            return None
+        return Record(offset + HEADER.size + length, exchanges, payload, self._generation)
 
-    def _recover(self) -> int:
-        """The end of the last whole record; a torn tail is cut off."""
-        size = self._file.seek(0, os.SEEK_END)
-        offset = 0 if self._start > size else self._start
-        if offset == 0 and self._start:
-            self._start = 0  # the offset file is from another file: replay it all
-        while offset < size:
-            record = self._read_at(offset)
-            if record is None:
+    def _migrate(self, size: int) -> int:
+        """A file of the earlier layout (no magic): its whole records, rewritten in this one."""
+        kept: list[bytes] = []
+        offset = 0
+        self._file.seek(0)
+        data = self._file.read(size)
+        while offset + _LEGACY_HEADER.size <= size:
+            length, exchanges, crc = _LEGACY_HEADER.unpack_from(data, offset)
+            payload = data[offset + _LEGACY_HEADER.size : offset + _LEGACY_HEADER.size + length]
+            if len(payload) < length or zlib.crc32(payload) != crc:
+                self.skipped_records += 1
                 break
-            offset = record.end
-        if offset < size:
-            self._file.truncate(offset)
-            self._file.flush()
-        return offset
+            kept.append(encode_record(payload, exchanges))
+            offset += _LEGACY_HEADER.size + length
+        self._file.seek(0)
+        self._file.truncate(0)
+        self._file.write(b"".join(kept))
+        self._file.flush()
+        if self.fsync == "always":
+            os.fsync(self._file.fileno())
+        return self._file.tell()
 
-    def _count(self) -> int:
-        total, offset = 0, self._start
-        while offset < self._end:
-            record = self._read_at(offset)
-            if record is None:
-                break
-            total += record.exchanges
-            offset = record.end
-        return total
-
-    def _read_offset(self) -> int:
+    def _read_offset(self) -> tuple[int, int, bool]:
+        """``(generation, offset, readable)``; a missing file is generation 0, offset 0."""
         try:
-            return int(self._offset_path.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
+            parts = self._offset_path.read_text().split()
+        except FileNotFoundError:
+            return max(self._generation, 0), 0, True
+        try:
+            if len(parts) == 1:  # the earlier layout: an offset alone
+                return 0, int(parts[0]), True
+            generation, offset = (int(p) for p in parts)
+        except ValueError:
+            return max(self._generation, 0), 0, False
+        if generation < 0 or offset < 0:
+            return max(self._generation, 0), 0, False
+        return generation, offset, True
 
-    def _write_offset(self, offset: int) -> None:
+    def _write_offset(self) -> None:
         tmp = self._offset_path.with_name(self._offset_path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(offset))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{self._generation} {self._start}\n")
             f.flush()
             if self.fsync == "always":
                 os.fsync(f.fileno())
         os.replace(tmp, self._offset_path)
+        self._fsync_dir()

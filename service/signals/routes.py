@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from service import metrics
+from service import cursors, metrics
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller, Role
 from service.db import session_scope
@@ -14,6 +13,7 @@ from service.deps import Deps
 from service.errors import Forbidden, Invalid, PayloadTooLarge, Unauthorized, Unavailable, responses
 from service.signals import store
 from service.signals.schemas import MAX_EVENTS, SignalBatch, SignalKind, SignalOut, SignalPage, SignalResult
+from service.wire import Moment
 
 router = APIRouter(prefix="/v1/signals", tags=["signals"])
 Reader = Annotated[Caller, Depends(require(*READERS))]
@@ -60,9 +60,9 @@ async def list_signals(
     deployment: Annotated[str | None, Query(max_length=256)] = None,
     node: Annotated[str | None, Query(max_length=256)] = None,
     kind: SignalKind | None = None,
-    since: Annotated[datetime | None, Query(description="Engine time at or after (ISO 8601 or epoch).")] = None,
-    until: Annotated[datetime | None, Query(description="Engine time before.")] = None,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    since: Annotated[Moment | None, Query(description="Engine time at or after (ISO 8601 or epoch).")] = None,
+    until: Annotated[Moment | None, Query(description="Engine time before.")] = None,
+    cursor: Annotated[str | None, Query(pattern=cursors.KEY_ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> SignalPage:
     """Newest first. Pass ``next_cursor`` back as ``cursor`` for the next page."""

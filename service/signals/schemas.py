@@ -8,8 +8,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+from service.names import NAME_PATTERN
+from service.wire import NOT_TEXT, Moment
+
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
+EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 MAX_EVENTS = 1000
 
 
@@ -29,9 +32,11 @@ class SignalEvent(BaseModel):
     kind: SignalKind
     deployment: Label = Field(description="As gateways report it in meta.deployment, so findings join.")
     node: Label = Field(description="As gateways report it in meta.node.")
-    ts: datetime = Field(description="When the engine saw it; give a timezone.")
+    ts: Moment = Field(description="When the engine saw it; give a timezone (or epoch seconds).")
     request_id: Label | None = Field(None, description="The engine's request id, when one request is concerned.")
-    count: int = Field(1, ge=1, le=1_000_000, description="Occurrences folded into this event.")
+    count: Annotated[int, Field(ge=1, le=1_000_000), NOT_TEXT] = Field(
+        1, description="Occurrences folded into this event."
+    )
     event_id: EventId | None = Field(
         None, description="Unique per deployment and node; a retried event with the same id is kept once."
     )

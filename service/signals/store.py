@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from service import cursors
 from service.db import utcnow
-from service.errors import Invalid
 from service.signals.models import EngineSignal
 from service.signals.schemas import SignalEvent
 
@@ -62,23 +61,6 @@ class SignalFilter:
     until: datetime | None = None
 
 
-def encode_cursor(row: EngineSignal) -> str:
-    raw = f"s:{row.ts.astimezone(UTC).isoformat()}|{row.id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, int]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, _, value = raw.partition(":")
-        ts, _, signal_id = value.rpartition("|")
-        if kind != "s":
-            raise ValueError
-        return datetime.fromisoformat(ts), int(signal_id)
-    except (ValueError, UnicodeDecodeError):
-        raise Invalid("cursor: not a cursor returned by this endpoint; start again without it") from None
-
-
 async def page(
     session: AsyncSession, f: SignalFilter, cursor: str | None, limit: int
 ) -> tuple[list[EngineSignal], str | None]:
@@ -96,9 +78,10 @@ async def page(
     if f.until is not None:
         q = q.where(EngineSignal.ts < f.until)
     if cursor is not None:
-        ts, signal_id = decode_cursor(cursor)
+        micros, signal_id = cursors.decode_key_id(cursor)
+        ts = cursors.to_time(micros)
         q = q.where(or_(EngineSignal.ts < ts, and_(EngineSignal.ts == ts, EngineSignal.id < signal_id)))
     q = q.order_by(EngineSignal.ts.desc(), EngineSignal.id.desc()).limit(limit + 1)
     rows = list((await session.scalars(q)).all())
-    next_cursor = encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+    next_cursor = cursors.encode_key_id(rows[limit - 1].ts, rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
