@@ -122,6 +122,7 @@ def check_exchange(ex: Exchange, i: int, limits: Limits, now: float) -> None:
             "(BLEEDWATCH_ACCEPTED_KEY_IDS); check the gateway's fingerprint key"
         )
 
+
 def decode_exchange(ex: Exchange, i: int, limits: Limits) -> tuple[Decoded, Decoded]:
     return (
         decode_text(ex.prompt, f"exchanges[{i}].prompt", limits),
