@@ -91,7 +91,7 @@ def test_names_in_an_exchange_refuse_invisible_characters() -> None:
 
 
 def test_meta_takes_its_listed_fields_only() -> None:
-    listed = {"deployment": "pd-eu-1", "node": "decode-3", "prompt_tokens": 12}
+    listed = {"deployment": "pd-eu-1", "node": "decode-3", "prompt_tokens": 12, "end_user": "u-7"}
     assert Exchange.model_validate(_exchange(meta=listed)).meta.model_dump() == listed
     for extra in ({"comment": "the customer's whole prompt"}, {"user": "bob"}, {"prompt_tokens": 1, "x": 1}):
         with pytest.raises(pydantic.ValidationError) as refused:
