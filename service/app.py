@@ -85,6 +85,7 @@ def make_index(settings: Settings) -> Index:
         settings.common_tenants,
         settings.index_bucket_bits,
         settings.ingest_queue_shards,
+        settings.tenant_cache_size,
     )
 
 

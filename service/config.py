@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(3600, ge=60, le=30 * 86400)
     index_generations: int = Field(4, ge=2, le=24)
     index_bucket_bits: int = Field(16, ge=8, le=24)
+    # Tenant name -> ref entries each process caches (least recently used dropped first; Redis only).
+    tenant_cache_size: int = Field(100_000, ge=1)
 
     # Detection thresholds (docs/detection.md explains each).
     common_prompt_tenants: int = Field(3, ge=2, le=64)

@@ -198,6 +198,8 @@ DEPLOYMENTS_AT_RISK = Gauge(
 BACKEND_ERRORS = Counter("bleedwatch_backend_errors_total", "Failed backend calls.", ["backend"])
 # Round trips to a backend: Redis commands or pipeline executions, database statements.
 BACKEND_ROUND_TRIPS = Counter("bleedwatch_backend_round_trips_total", "Backend round trips.", ["backend"])
+# Tenant names dropped from a process's bounded name -> ref cache (BLEEDWATCH_TENANT_CACHE_SIZE).
+TENANT_CACHE_EVICTIONS = Counter("bleedwatch_tenant_cache_evictions_total", "Tenant refs evicted from the cache.")
 # Items the index holds: Redis keys in its database (DBSIZE), or in-process table entries and documents.
 INDEX_ITEMS = Gauge("bleedwatch_index_items", "Items in the index.", multiprocess_mode="mostrecent")
 # Memory the index uses: Redis used_memory, or an estimate for the in-process index.
