@@ -107,6 +107,7 @@ def limits(settings: Settings) -> Limits:
         settings.max_future_seconds,
         settings.effective_max_age_seconds,
         settings.accepted_key_ids,
+        settings.new_tenants_per_key_per_minute,
     )
 
 

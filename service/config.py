@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     max_age_seconds: int | None = Field(None, ge=60)
     # Fingerprint key ids gateways may use (comma-separated); empty = any well-formed one.
     accepted_key_ids: Annotated[frozenset[str], NoDecode] = frozenset()
+    # Tenants not seen before that one ingest key may introduce per clock minute; more are rejected
+    # per exchange (each name is stored until purged, so invented names would grow state without end). 0 = off.
+    new_tenants_per_key_per_minute: int = Field(1_000, ge=0)
     # Ingest queue (service/ingest/worker.py): batches accepted but not yet processed.
     ingest_queue_max_batches: int = Field(1_000, ge=1)
     # Streams the queue is spread over (service/index/queue.py ShardedQueue); 1 = one stream, as on one node.

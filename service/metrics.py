@@ -44,8 +44,16 @@ def registry() -> CollectorRegistry:
 SEVERITIES = ("low", "high", "critical")
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
-REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable", "purged")
-EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid", "purged")
+REJECT_REASONS = (
+    "forbidden",
+    "payload_too_large",
+    "unsupported_media_type",
+    "invalid",
+    "unavailable",
+    "purged",
+    "too_many_new_tenants",
+)
+EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid", "purged", "too_many_new_tenants")
 OTHER = "other"
 # Rules of service/deployments/rules.toml known today; service/deployments/risk.py sets every rule it loads.
 DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)

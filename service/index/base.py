@@ -201,6 +201,16 @@ class Index(Protocol):
         """Small integer ids for tenant names, created on first use, stable forever."""
         ...
 
+    async def admit_new_tenants(self, key_id: str, names: list[str], limit: int, now: float) -> set[str]:
+        """Which of ``names`` to refuse: tenants not yet known, past the ``limit`` new ones that API key
+        ``key_id`` may introduce in the clock minute of ``now``.
+
+        Every tenant name becomes a stored ref, a cache entry and index entries that stay until it is
+        purged: without this a caller with an ingest key could grow them without end by inventing names.
+        Known tenants are never refused, and a new name counts once per minute however often it is sent.
+        """
+        ...
+
     async def new_doc_refs(self, count: int) -> int:
         """The first of ``count`` fresh, never reused document refs."""
         ...

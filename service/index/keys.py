@@ -4,6 +4,7 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 
 - ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept until the tenant is purged)
 - ``p:{p:tenants}:purged``                 tombstones: digest of a purged tenant's name -> "purge time ref"
+- ``p:{p:tenants}:new:<key id>:<minute>``  digests of new tenant names one API key sent that minute, TTL 2 min
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<ns>:<ref>``                     metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
@@ -83,6 +84,10 @@ class Keys:
     @property
     def tenant_tombstones(self) -> str:
         return f"{self.prefix}:{{{self.prefix}:tenants}}:purged"
+
+    def new_tenants(self, api_key_id: str, minute: int) -> str:
+        """Beside the names hash (same hash tag), so one script checks both on a Redis Cluster."""
+        return f"{self.prefix}:{{{self.prefix}:tenants}}:new:{api_key_id}:{minute}"
 
     @staticmethod
     def tenant_digest(name: str) -> str:

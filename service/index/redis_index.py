@@ -65,6 +65,25 @@ end
 return out
 """
 
+# KEYS[1] tenant names, KEYS[2] one API key's new-tenant set of this minute; ARGV limit, TTL, then
+# (name, digest) pairs. Returns the names refused: unknown, not yet counted, and over the limit.
+_ADMIT_TENANTS = """
+local limit = tonumber(ARGV[1])
+local refused = {}
+for i = 3, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 and redis.call('SISMEMBER', KEYS[2], ARGV[i + 1]) == 0 then
+    if redis.call('SCARD', KEYS[2]) < limit then
+      redis.call('SADD', KEYS[2], ARGV[i + 1])
+      redis.call('EXPIRE', KEYS[2], ARGV[2])
+    else
+      refused[#refused + 1] = ARGV[i]
+    end
+  end
+end
+return refused
+"""
+NEW_TENANTS_WINDOW_SECONDS = 60
+
 # Refs first..last for ARGV[1] new documents; the counter restarts at 1 rather than pass 2^32.
 _DOC_REFS = """
 local n = tonumber(ARGV[1])
@@ -255,6 +274,7 @@ class RedisIndex:
         self._lookup = LuaScript.of(_lua("lookup.lua"))
         self._tenant_script = LuaScript.of(_TENANT_REFS)
         self._doc_refs_script = LuaScript.of(_DOC_REFS)
+        self._admit_script = LuaScript.of(_ADMIT_TENANTS)
         # Least recently used first. Bounded because tenant names come from ingest keys' callers: an
         # unbounded dict would let one key grow every replica's memory by sending ever-new names.
         # Refs are stable in Redis, so an evicted name costs one round trip the next time, nothing more.
@@ -308,6 +328,18 @@ class RedisIndex:
                 cache.popitem(last=False)
                 metrics.TENANT_CACHE_EVICTIONS.inc()
         return {n: out[n] for n in names}
+
+    async def admit_new_tenants(self, key_id: str, names: list[str], limit: int, now: float) -> set[str]:
+        unknown = sorted({n for n in names if n not in self._tenant_cache})  # cached = known: no round trip
+        if not unknown:
+            return set()
+        minute = int(now // NEW_TENANTS_WINDOW_SECONDS)
+        args: list[Any] = [limit, 2 * NEW_TENANTS_WINDOW_SECONDS]
+        for name in unknown:
+            args += [name, self._keys.tenant_digest(name)]
+        keys = [self._keys.tenant_names, self._keys.new_tenants(key_id, minute)]
+        (refused,) = await self._scripts([(self._admit_script, keys, args)])
+        return {r.decode() if isinstance(r, bytes) else str(r) for r in refused}
 
     @property
     def tenant_cache_len(self) -> int:

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics, tracing
 from service.auth.keys import Caller
-from service.errors import ApiError, Forbidden, Unavailable
+from service.errors import ApiError, Forbidden, TooManyNewTenants, Unavailable
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest import envelope
@@ -142,6 +142,22 @@ class Ingestor:
             first_error = first_error or gone
             results[i] = ExchangeResult(status="rejected", error=gone.error, detail=gone.detail)
         valid = [(i, ex) for i, ex in valid if i not in late]
+        if self.limits.new_tenants_per_minute and valid:
+            over = await self._index.admit_new_tenants(
+                caller.key_id, [ex.tenant for _, ex in valid], self.limits.new_tenants_per_minute, now
+            )
+            for i, ex in valid:
+                if ex.tenant in over:
+                    limited = TooManyNewTenants(
+                        f"exchanges[{i}].tenant: this API key sent more than {self.limits.new_tenants_per_minute} "
+                        "tenants not seen before this minute; retry next minute, or raise "
+                        "BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE",
+                        headers={"Retry-After": str(60 - int(now) % 60)},
+                    )
+                    metrics.EXCHANGES_REJECTED.labels(limited.error).inc()
+                    first_error = first_error or limited
+                    results[i] = ExchangeResult(status="rejected", error=limited.error, detail=limited.detail)
+            valid = [(i, ex) for i, ex in valid if ex.tenant not in over]
         if not valid and first_error is not None:
             raise first_error
         done = await self._index.done([_idempotency_key(ex) for _, ex in valid], now)
