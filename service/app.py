@@ -152,7 +152,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         )
         # Findings held while the database was down, written by every replica when it is back.
-        writer = FindingsWriter(sessions, index.outbox(), index.purged)
+        writer = FindingsWriter(
+            sessions, index.outbox(), index.purged, max_attempts=settings.findings_outbox_max_attempts
+        )
         matcher = Matcher(index, known, thresholds(settings))
         ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
         worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)

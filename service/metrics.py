@@ -137,6 +137,12 @@ SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gatew
 FINDINGS_HELD = Counter("bleedwatch_findings_held_total", "Findings held for the database in the outbox.")
 # Findings dropped before being written because a tenant they involve was purged after their response.
 FINDINGS_PURGED = Counter("bleedwatch_findings_purged_total", "Findings dropped for a purged tenant.")
+# Failed writes of held findings for another reason than an outage (each is retried alone).
+FINDINGS_OUTBOX_FAILURES = Counter(
+    "bleedwatch_findings_outbox_failures_total", "Held findings the database refused, not for an outage."
+)
+# Held findings moved to the outbox's dead letters after BLEEDWATCH_FINDINGS_OUTBOX_MAX_ATTEMPTS failed writes.
+FINDINGS_DEAD_LETTERS = Counter("bleedwatch_findings_dead_letters_total", "Held findings moved to the dead letters.")
 # Findings waiting in the outbox right now (every replica reports the shared outbox's length).
 FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
 

@@ -119,12 +119,23 @@ class Outbox(Protocol):
 
     async def release(self, ids: list[str]) -> None: ...
 
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
+        """Move a claimed item aside, to the dead letters, with its reason: it failed to be written
+        too often, and left first in line it would hold back every finding behind it."""
+        ...
+
     async def size(self) -> int: ...
 
+    async def dead_size(self) -> int: ...
+
+    async def requeue_dead(self, count: int) -> int:
+        """Put up to ``count`` dead letters back to be written, oldest first; how many."""
+        ...
+
     async def rewrite(self, keep: Rewrite) -> int:
-        """Pass every item through ``keep``: None deletes it, other bytes replace it (a tenant purge);
-        how many items changed. An item being written meanwhile is written as it was, which the
-        writer's tombstone check (service/ingest/outbox.py) makes harmless."""
+        """Pass every item, dead letters included, through ``keep``: None deletes it, other bytes
+        replace it (a tenant purge); how many items changed. An item being written meanwhile is
+        written as it was, which the writer's tombstone check (service/ingest/outbox.py) makes harmless."""
         ...
 
 

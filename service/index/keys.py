@@ -11,6 +11,7 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 - ``p:{<ns>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
 - ``p:{<ns>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
+- ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
 - ``p:{p:queue}:exchanges``                stream of accepted ingest batches not yet processed
 - ``p:{p:queue}:dead``                     batches that failed processing too often, kept for an operator
 - ``p:{p:queue}:result:<id>``              what processing one batch concluded, for a caller waiting on it
@@ -112,6 +113,10 @@ class Keys:
     @property
     def outbox(self) -> str:
         return f"{self.prefix}:{{{self.prefix}:outbox}}:findings"
+
+    @property
+    def outbox_dead(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:outbox}}:dead"
 
     @property
     def queue(self) -> str:
