@@ -153,11 +153,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         # Findings held while the database was down, written by every replica when it is back.
         writer = FindingsWriter(
-            sessions, index.outbox(), index.purged, max_attempts=settings.findings_outbox_max_attempts
+            sessions,
+            index.outbox(),
+            index.purged,
+            max_attempts=settings.findings_outbox_max_attempts,
+            dead_letter_seconds=settings.dead_letter_retention_seconds,
         )
         matcher = Matcher(index, known, thresholds(settings))
         ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
-        worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
+        worker = IngestWorker(
+            ingestor,
+            index.queue(),
+            settings.ingest_workers,
+            settings.ingest_reclaim_seconds,
+            dead_letter_seconds=settings.dead_letter_retention_seconds,
+        )
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     # Batches processed at once, per process; 0 = none: an API replica whose batches `bleedwatch work` processes.
     ingest_workers: int = Field(4, ge=0, le=64)
     ingest_wait_seconds: float = Field(30.0, ge=0)  # how long an answer without Prefer: respond-async waits
+    # Dead letters (ingest batches, held findings) not requeued within this long are deleted.
+    dead_letter_retention_seconds: int = Field(7 * 86400, ge=60)
     # A held finding the database refuses (not an outage) this many times goes to the outbox's dead letters.
     findings_outbox_max_attempts: int = Field(5, ge=1, le=1000)
     ingest_reclaim_seconds: float = Field(30.0, gt=0)  # a batch held this long by a silent replica is taken over

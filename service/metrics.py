@@ -137,6 +137,9 @@ SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gatew
 FINDINGS_HELD = Counter("bleedwatch_findings_held_total", "Findings held for the database in the outbox.")
 # Findings dropped before being written because a tenant they involve was purged after their response.
 FINDINGS_PURGED = Counter("bleedwatch_findings_purged_total", "Findings dropped for a purged tenant.")
+# Dead letters deleted unrequeued after BLEEDWATCH_DEAD_LETTER_RETENTION_SECONDS, by where they were (ingest, findings).
+DEAD_LETTERS_EXPIRED = Counter("bleedwatch_dead_letters_expired_total", "Dead letters expired.", ["queue"])
+DEAD_LETTER_QUEUES = ("ingest", "findings")
 # Failed writes of held findings for another reason than an outage (each is retried alone).
 FINDINGS_OUTBOX_FAILURES = Counter(
     "bleedwatch_findings_outbox_failures_total", "Held findings the database refused, not for an outage."
@@ -243,6 +246,8 @@ for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
 for _reason in EXCHANGE_REJECT_REASONS:
     EXCHANGES_REJECTED.labels(_reason)
+for _queue in DEAD_LETTER_QUEUES:
+    DEAD_LETTERS_EXPIRED.labels(_queue)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
 REDIS_PERSISTENCE_OK.set(0)

@@ -9,6 +9,8 @@
   put back, it is processed.
 - A batch whose backend blinks during processing is retried by its worker: no failure, no dead letter.
 - A worker outlives an error of the queue that is no outage (redis-py lets some resets out as AttributeError).
+- Dead letters (of the queue and of the findings outbox) expire after their retention, counted;
+  those within it are still requeued.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from service.config import Settings
 from service.index.base import Index, Queue
 from service.ingest import envelope
 from service.ingest import worker as worker_module
+from service.ingest.outbox import FindingsWriter
 from service.ingest.service import Ingestor
 from service.ingest.worker import queue_command
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
@@ -324,3 +327,42 @@ async def test_a_worker_outlives_an_error_that_is_no_outage(
         )
         assert totals(resp.json()) == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
         assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_dead_letters_expire_and_the_unexpired_are_still_requeued(settings: Settings, index: Index) -> None:
+    """Dead letters of the ingest queue and of the findings outbox are kept for the retention, then
+    deleted and counted; `requeue-dead` still puts back those within it."""
+    queue, box = index.queue(), index.outbox()
+
+    async def bury(body: bytes) -> None:
+        item_id = await queue.put(body, max_items=10)
+        assert item_id is not None
+        assert await queue.take("replica", block_seconds=0.5) == (item_id, body)
+        await queue.bury(item_id, body, "RuntimeError: a bug")
+        await box.hold([b"held-" + body])
+        ((held_id, held),) = await box.claim("replica", 10, min_idle_seconds=60)
+        await box.bury(held_id, held, "IntegrityError: a bug")
+
+    await bury(b"old")
+    await asyncio.sleep(0.01)  # burials on either side of `middle`, to the millisecond of a stream id
+    middle = time.time()
+    await asyncio.sleep(0.01)
+    await bury(b"new")
+    expired = {q: metrics.DEAD_LETTERS_EXPIRED.labels(q)._value.get() for q in ("ingest", "findings")}
+    async with running_api(settings) as api:
+        worker = worker_module.IngestWorker(deps(api).ingestor, queue, 0, 30.0, dead_letter_seconds=3600)
+        writer = FindingsWriter(deps(api).sessions, box, dead_letter_seconds=3600)
+        assert await worker.expire_dead(middle + 3600 - 60) == 0  # both younger than the retention
+        assert await writer.expire_dead(middle + 3600 - 60) == 0
+        assert await worker.expire_dead(middle + 3600) == 1
+        assert await writer.expire_dead(middle + 3600) == 1
+    assert metrics.DEAD_LETTERS_EXPIRED.labels("ingest")._value.get() - expired["ingest"] == 1
+    assert metrics.DEAD_LETTERS_EXPIRED.labels("findings")._value.get() - expired["findings"] == 1
+    assert (await queue.dead_size(), await box.dead_size()) == (1, 1)
+    assert await queue.requeue_dead(10) == 1
+    taken = await queue.take("replica", block_seconds=0.5)
+    assert taken is not None
+    assert taken[1] == b"new"
+    assert await box.requeue_dead(10) == 1
+    assert [item for _, item in await box.claim("replica", 10, min_idle_seconds=60)] == [b"held-new"]

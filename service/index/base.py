@@ -128,6 +128,12 @@ class Outbox(Protocol):
 
     async def dead_size(self) -> int: ...
 
+    async def expire_dead(self, before: float) -> int:
+        """Delete dead letters buried before ``before`` (epoch seconds); how many. Dead letters are
+        kept for an operator to requeue once the bug is fixed, not forever: a steady stream of
+        poison batches would otherwise grow Redis without bound."""
+        ...
+
     async def requeue_dead(self, count: int) -> int:
         """Put up to ``count`` dead letters back to be written, oldest first; how many."""
         ...
@@ -181,6 +187,12 @@ class Queue(Protocol):
     async def size(self) -> int: ...
 
     async def dead_size(self) -> int: ...
+
+    async def expire_dead(self, before: float) -> int:
+        """Delete dead letters buried before ``before`` (epoch seconds); how many. Kept for an
+        operator to requeue once the bug is fixed, not forever: a steady stream of poison batches
+        would otherwise grow Redis without bound."""
+        ...
 
     async def requeue_dead(self, count: int) -> int:
         """Put up to ``count`` buried items back in the queue (once the bug is fixed); how many."""

@@ -93,6 +93,10 @@ class RedisOutbox:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.eval(_REQUEUE, 2, self._key, self._dead, count))
 
+    async def expire_dead(self, before: float) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()  # a dead letter's stream id is the (Redis) time it was buried
+        return int(await self._r.xtrim(self._dead, minid=f"{max(0, int(before * 1000))}-0", approximate=False))
+
     async def rewrite(self, keep: Rewrite) -> int:
         changed = await rewrite_stream(self._r, self._key, b"d", keep)
         return changed + await rewrite_stream(self._r, self._dead, b"d", keep)
@@ -106,6 +110,7 @@ class MemoryOutbox:
         self._claimed: dict[str, tuple[str, float]] = {}
         self._ids = itertools.count(1)
         self.dead: list[tuple[str, bytes, str]] = []  # id, item, reason
+        self._buried_at: dict[str, float] = {}  # dead letter id -> when it was buried (epoch seconds)
 
     async def hold(self, items: list[bytes]) -> None:
         for item in items:
@@ -133,12 +138,20 @@ class MemoryOutbox:
         self._items.pop(item_id, None)
         self._claimed.pop(item_id, None)
         self.dead.append((item_id, item, reason))
+        self._buried_at[item_id] = time.time()
 
     async def size(self) -> int:
         return len(self._items)
 
     async def dead_size(self) -> int:
         return len(self.dead)
+
+    async def expire_dead(self, before: float) -> int:
+        kept = [d for d in self.dead if self._buried_at.get(d[0], before) >= before]
+        expired = len(self.dead) - len(kept)
+        self.dead = kept
+        self._buried_at = {d[0]: self._buried_at[d[0]] for d in kept if d[0] in self._buried_at}
+        return expired
 
     async def requeue_dead(self, count: int) -> int:
         moved, self.dead = self.dead[:count], self.dead[count:]

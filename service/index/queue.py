@@ -153,6 +153,10 @@ class RedisQueue:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.eval(_REQUEUE, 2, self._key, self._dead, count))
 
+    async def expire_dead(self, before: float) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()  # a dead letter's stream id is the (Redis) time it was buried
+        return int(await self._r.xtrim(self._dead, minid=f"{max(0, int(before * 1000))}-0", approximate=False))
+
     async def rewrite(self, keep: Rewrite) -> int:
         changed = await rewrite_stream(self._r, self._key, b"b", keep)
         return changed + await rewrite_stream(self._r, self._dead, b"b", keep)
@@ -238,6 +242,9 @@ class ShardedQueue:
     async def rewrite(self, keep: Rewrite) -> int:
         return sum([await queue.rewrite(keep) for queue in self._shards])
 
+    async def expire_dead(self, before: float) -> int:
+        return sum([await queue.expire_dead(before) for queue in self._shards])
+
     async def requeue_dead(self, count: int) -> int:
         moved = 0
         for queue in self._shards:  # each shard's dead letters back into its own stream
@@ -257,6 +264,7 @@ class MemoryQueue:
         self._taken: dict[str, tuple[str, float, int]] = {}  # id -> consumer, when, deliveries
         self._results: dict[str, tuple[bytes, float]] = {}
         self.dead: list[tuple[str, bytes, str]] = []  # id, item, reason
+        self._buried_at: dict[str, float] = {}  # dead letter id -> when it was buried (epoch seconds)
         self._ids = itertools.count(1)
         self._arrived = asyncio.Event()
 
@@ -310,6 +318,7 @@ class MemoryQueue:
     async def bury(self, item_id: str, item: bytes, reason: str) -> None:
         self._drop(item_id)
         self.dead.append((item_id, item, reason))
+        self._buried_at[item_id] = time.time()
 
     def _drop(self, item_id: str) -> None:
         self._items.pop(item_id, None)
@@ -324,6 +333,13 @@ class MemoryQueue:
 
     async def dead_size(self) -> int:
         return len(self.dead)
+
+    async def expire_dead(self, before: float) -> int:
+        kept = [d for d in self.dead if self._buried_at.get(d[0], before) >= before]
+        expired = len(self.dead) - len(kept)
+        self.dead = kept
+        self._buried_at = {d[0]: self._buried_at[d[0]] for d in kept if d[0] in self._buried_at}
+        return expired
 
     async def requeue_dead(self, count: int) -> int:
         moved, self.dead = self.dead[:count], self.dead[count:]

@@ -23,7 +23,8 @@ A held finding the database refuses for another reason than an outage (a bug, a 
 never take) is retried alone, so it holds back no other, and after ``max_attempts`` failed
 writes it is moved to the outbox's dead letters with its reason
 (``bleedwatch_findings_dead_letters_total``): left first in line it would be claimed first on
-every round, forever. ``bleedwatch queue requeue-dead`` puts it back once the cause is fixed.
+every round, forever. ``bleedwatch queue requeue-dead`` puts it back once the cause is fixed;
+after ``dead_letter_seconds`` unrequeued it is deleted (``bleedwatch_dead_letters_expired_total``).
 Attempts are counted per process; a replica that takes over abandoned items counts anew.
 """
 
@@ -33,6 +34,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -108,7 +110,9 @@ class FindingsWriter:
         tombstones: Tombstones | None = None,
         consumer: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        dead_letter_seconds: float = 7 * 86400.0,
     ):
+        self._dead_letter_seconds = dead_letter_seconds
         self._sessions = sessions
         self.max_attempts = max_attempts
         self._attempts: dict[str, int] = {}  # held item id -> failed writes here; only items this process claimed
@@ -209,8 +213,19 @@ class FindingsWriter:
             "held_finding_dead_letter", extra={"item": item_id, "attempts": attempts, "exc_type": type(exc).__name__}
         )
 
+    async def expire_dead(self, now: float) -> int:
+        """Delete dead letters older than ``dead_letter_seconds``: kept to be requeued after a fix,
+        not forever."""
+        expired = await self._outbox.expire_dead(now - self._dead_letter_seconds)
+        if expired:
+            metrics.DEAD_LETTERS_EXPIRED.labels("findings").inc(expired)
+            log.warning("held_findings_dead_letters_expired", extra={"count": expired})
+        return expired
+
     async def tick(self) -> None:
-        """One round for ``Periodic``: export the outbox's length; write what waits in it."""
+        """One round for ``Periodic``: export the outbox's length; expire old dead letters; write what
+        waits in it."""
+        await self.expire_dead(time.time())
         waiting = await self._outbox.size()
         metrics.FINDINGS_OUTBOX.set(waiting)
         if waiting:
