@@ -160,7 +160,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             dead_letter_seconds=settings.dead_letter_retention_seconds,
         )
         matcher = Matcher(index, known, thresholds(settings))
-        ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
+        ingestor = Ingestor(
+            index,
+            matcher,
+            sessions,
+            limits(settings),
+            writer,
+            settings.ingest_queue_max_batches,
+            settings.ingest_queue_max_bytes,
+        )
         worker = IngestWorker(
             ingestor,
             index.queue(),

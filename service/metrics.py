@@ -110,7 +110,9 @@ INGEST_QUEUE = Gauge("bleedwatch_ingest_queue_batches", "Batches queued for proc
 INGEST_QUEUE_SECONDS = Histogram(
     "bleedwatch_ingest_queue_seconds", "Time from accepting a batch to processing it.", buckets=QUEUE_BUCKETS
 )
-# Batches refused because the queue was full (answered 503; the SDK retries them).
+# Bytes of the batches queued for processing (BLEEDWATCH_INGEST_QUEUE_MAX_BYTES bounds it).
+INGEST_QUEUE_BYTES = Gauge("bleedwatch_ingest_queue_bytes", "Bytes of batches queued.", multiprocess_mode="max")
+# Batches refused because the queue was full, in batches or in bytes (answered 503; the SDK retries them).
 INGEST_QUEUE_FULL = Counter("bleedwatch_ingest_queue_full_total", "Batches refused with the queue full.")
 # Processing attempts that failed with something other than an outage (a bug); the batch is retried.
 INGEST_FAILURES = Counter("bleedwatch_ingest_failures_total", "Batch processing attempts that failed.")

@@ -73,7 +73,15 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
             dead_letter_seconds=settings.dead_letter_retention_seconds,
         )
         matcher = Matcher(index, KnownFingerprints(sessions, settings.lists_refresh_seconds), thresholds(settings))
-        ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
+        ingestor = Ingestor(
+            index,
+            matcher,
+            sessions,
+            limits(settings),
+            writer,
+            settings.ingest_queue_max_batches,
+            settings.ingest_queue_max_bytes,
+        )
         worker = IngestWorker(
             ingestor,
             index.queue(),

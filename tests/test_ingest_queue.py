@@ -366,3 +366,54 @@ async def test_dead_letters_expire_and_the_unexpired_are_still_requeued(settings
     assert taken[1] == b"new"
     assert await box.requeue_dead(10) == 1
     assert [item for _, item in await box.claim("replica", 10, min_idle_seconds=60)] == [b"held-new"]
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_the_queue_is_bounded_in_bytes_and_counts_each_item_out_once(index: Index) -> None:
+    queue = index.queue()
+    assert await queue.put(b"a" * 700, max_items=10, max_bytes=1000) is not None  # empty: any item goes
+    assert await queue.put(b"b" * 400, max_items=10, max_bytes=1000) is None  # 1,100 bytes: refused
+    second = await queue.put(b"c" * 300, max_items=10, max_bytes=1000)
+    assert second is not None
+    assert await queue.byte_size() == 1000
+    first = await queue.take("replica", block_seconds=0.5)
+    assert first is not None
+    await queue.finish(first[0], b"{}")
+    await queue.finish(first[0], b"{}")  # at least once: a second finish subtracts nothing
+    assert await queue.byte_size() == 300
+    taken = await queue.take("replica", block_seconds=0.5)
+    assert taken is not None
+    await queue.bury(taken[0], taken[1], "RuntimeError: a bug")  # dead letters are bounded by expiry, not here
+    assert await queue.byte_size() == 0
+    assert await queue.requeue_dead(10) == 1
+    assert await queue.byte_size() == 300
+    assert await queue.rewrite(lambda item: item[:100]) == 1  # a purge's rewrite keeps the count true
+    assert await queue.byte_size() == 100
+    assert await queue.rewrite(lambda item: None) == 1
+    assert await queue.byte_size() == 0
+    assert await queue.put(b"d" * 5000, max_items=10, max_bytes=1000) is not None  # larger than the bound, alone
+
+
+@pytest.mark.parametrize("settings", ["redis+postgres"], indirect=True)
+async def test_a_queue_full_in_bytes_refuses_with_503_and_keeps_nothing(settings: Settings) -> None:
+    """API replicas only (no worker here), so what is queued stays: the second batch passes the byte bound."""
+    before = metrics.INGEST_QUEUE_FULL._value.get()
+    async with running_api(settings.model_copy(update={"ingest_workers": 0, "ingest_queue_max_bytes": 1024})) as api:
+        queue = deps(api).index.queue()
+        batches = traffic(time.time())
+        first = await api.client.post(
+            "/v1/exchanges",
+            json={"exchanges": batches["source"]},
+            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+        )
+        assert first.status_code == 202, first.text
+        queued = await queue.byte_size()
+        assert queued > 1024
+        resp = await api.client.post(
+            "/v1/exchanges", json={"exchanges": batches["leak"]}, headers=api.headers(Role.INGEST)
+        )
+        assert resp.status_code == 503
+        assert resp.headers["retry-after"]
+        assert "BLEEDWATCH_INGEST_QUEUE_MAX_BYTES" in resp.json()["detail"]
+        assert (await queue.size(), await queue.byte_size()) == (1, queued)
+        assert metrics.INGEST_QUEUE_FULL._value.get() - before == 1

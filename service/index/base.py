@@ -158,8 +158,14 @@ class Queue(Protocol):
 
     durable: bool
 
-    async def put(self, item: bytes, max_items: int) -> str | None:
-        """The new item's id, or None when ``max_items`` are already waiting."""
+    async def put(self, item: bytes, max_items: int, max_bytes: int = 0) -> str | None:
+        """The new item's id, or None when ``max_items`` are already waiting, or when the items waiting
+        and this one would pass ``max_bytes`` (0: no byte bound; into an empty queue any item goes, so a
+        batch larger than the bound is still taken, alone)."""
+        ...
+
+    async def byte_size(self) -> int:
+        """Bytes of the items waiting (taken but unfinished ones included; dead letters not)."""
         ...
 
     async def take(self, consumer: str, block_seconds: float, lane: int = 0) -> tuple[str, bytes] | None:

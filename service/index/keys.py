@@ -10,6 +10,7 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
 - ``p:{<ns>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
 - ``p:{<ns>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
 - ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
 - ``p:{p:queue}:exchanges``                stream of accepted ingest batches not yet processed
@@ -131,6 +132,14 @@ class Keys:
 
     def queue_shard(self, shard: int) -> str:
         return f"{self._queue_base(shard)}:exchanges"
+
+    def queue_bytes(self, shard: int = 0) -> str:
+        """Bytes of the items in the shard's stream; ``queue_sizes`` has each item's, so that a
+        finish or a bury counted twice subtracts once."""
+        return f"{self._queue_base(shard)}:bytes"
+
+    def queue_sizes(self, shard: int = 0) -> str:
+        return f"{self._queue_base(shard)}:sizes"
 
     def dead_letters_shard(self, shard: int) -> str:
         return f"{self._queue_base(shard)}:dead"

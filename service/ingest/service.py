@@ -93,7 +93,9 @@ class Ingestor:
         limits: Limits,
         writer: FindingsWriter | None = None,
         queue_max_batches: int = 1_000,
+        queue_max_bytes: int = 0,
     ) -> None:
+        self.queue_max_bytes = queue_max_bytes
         self._index = index
         self._queue = index.queue()
         self.queue_max_batches = queue_max_batches
@@ -177,11 +179,14 @@ class Ingestor:
             body = orjson.dumps({"exchanges": [_wire(raw[i]) for i, _ in fresh]})
         first = await self._index.new_doc_refs(2 * len(fresh))  # refs at acceptance: service/ingest/envelope.py
         refs = [first + 2 * j for j in range(len(fresh))]
-        item_id = await self._queue.put(envelope.wrap(current_request_id(), refs, body), self.queue_max_batches)
+        wrapped = envelope.wrap(current_request_id(), refs, body)
+        item_id = await self._queue.put(wrapped, self.queue_max_batches, self.queue_max_bytes)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
+            bound = f" or {self.queue_max_bytes} bytes" if self.queue_max_bytes else ""
             raise Unavailable(
-                f"the ingest queue is full ({self.queue_max_batches} batches wait to be processed); "
+                f"the ingest queue is full (at most {self.queue_max_batches} batches{bound} wait to be processed: "
+                "BLEEDWATCH_INGEST_QUEUE_MAX_BATCHES, BLEEDWATCH_INGEST_QUEUE_MAX_BYTES); "
                 "retry later, nothing of this batch was kept",
                 headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)},
             )

@@ -200,13 +200,14 @@ class IngestWorker:
         return expired
 
     async def _recover(self) -> None:
-        """One ``Periodic`` round: export the queue's depth; expire old dead letters; take over batches
-        abandoned by a dead replica."""
+        """One ``Periodic`` round: export the queue's depth; take over batches abandoned by a dead
+        replica; then export its bytes and expire old dead letters."""
         metrics.INGEST_QUEUE.set(await self._queue.size())
-        await self.expire_dead(time.time())
         for item_id, item, deliveries in await self._queue.reclaim(self.consumer, self._reclaim_seconds, RECLAIM_COUNT):
             log.warning("ingest_reclaimed", extra={"item": item_id, "deliveries": deliveries})
             await self._handle(item_id, item, deliveries)
+        metrics.INGEST_QUEUE_BYTES.set(await self._queue.byte_size())
+        await self.expire_dead(time.time())
 
 
 def _reason(exc: Exception) -> str:
