@@ -85,6 +85,7 @@ def make_index(settings: Settings) -> Index:
         settings.common_tenants,
         settings.index_bucket_bits,
         settings.ingest_queue_shards,
+        settings.tenant_cache_size,
     )
 
 
@@ -106,6 +107,7 @@ def limits(settings: Settings) -> Limits:
         settings.max_future_seconds,
         settings.effective_max_age_seconds,
         settings.accepted_key_ids,
+        settings.new_tenants_per_key_per_minute,
     )
 
 
@@ -150,10 +152,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         )
         # Findings held while the database was down, written by every replica when it is back.
-        writer = FindingsWriter(sessions, index.outbox(), index.purged)
+        writer = FindingsWriter(
+            sessions,
+            index.outbox(),
+            index.purged,
+            max_attempts=settings.findings_outbox_max_attempts,
+            dead_letter_seconds=settings.dead_letter_retention_seconds,
+        )
         matcher = Matcher(index, known, thresholds(settings))
-        ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
-        worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
+        ingestor = Ingestor(
+            index,
+            matcher,
+            sessions,
+            limits(settings),
+            writer,
+            settings.ingest_queue_max_batches,
+            settings.ingest_queue_max_bytes,
+        )
+        worker = IngestWorker(
+            ingestor,
+            index.queue(),
+            settings.ingest_workers,
+            settings.ingest_reclaim_seconds,
+            dead_letter_seconds=settings.dead_letter_retention_seconds,
+        )
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,

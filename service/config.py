@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(3600, ge=60, le=30 * 86400)
     index_generations: int = Field(4, ge=2, le=24)
     index_bucket_bits: int = Field(16, ge=8, le=24)
+    # Tenant name -> ref entries each process caches (least recently used dropped first; Redis only).
+    tenant_cache_size: int = Field(100_000, ge=1)
 
     # Detection thresholds (docs/detection.md explains each).
     common_prompt_tenants: int = Field(3, ge=2, le=64)
@@ -51,13 +53,23 @@ class Settings(BaseSettings):
     max_age_seconds: int | None = Field(None, ge=60)
     # Fingerprint key ids gateways may use (comma-separated); empty = any well-formed one.
     accepted_key_ids: Annotated[frozenset[str], NoDecode] = frozenset()
+    # Tenants not seen before that one ingest key may introduce per clock minute; more are rejected
+    # per exchange (each name is stored until purged, so invented names would grow state without end). 0 = off.
+    new_tenants_per_key_per_minute: int = Field(1_000, ge=0)
     # Ingest queue (service/ingest/worker.py): batches accepted but not yet processed.
     ingest_queue_max_batches: int = Field(1_000, ge=1)
+    # ... and bytes of them: a few 32 MB batches fill Redis as surely as many small ones (2 GiB: above
+    # 1,000 of the SDK's 200-exchange batches, docs/capacity.md). 0 = batches only.
+    ingest_queue_max_bytes: int = Field(2 * 1024**3, ge=0)
     # Streams the queue is spread over (service/index/queue.py ShardedQueue); 1 = one stream, as on one node.
     ingest_queue_shards: int = Field(1, ge=1, le=256)
     # Batches processed at once, per process; 0 = none: an API replica whose batches `bleedwatch work` processes.
     ingest_workers: int = Field(4, ge=0, le=64)
     ingest_wait_seconds: float = Field(30.0, ge=0)  # how long an answer without Prefer: respond-async waits
+    # Dead letters (ingest batches, held findings) not requeued within this long are deleted.
+    dead_letter_retention_seconds: int = Field(7 * 86400, ge=60)
+    # A held finding the database refuses (not an outage) this many times goes to the outbox's dead letters.
+    findings_outbox_max_attempts: int = Field(5, ge=1, le=1000)
     ingest_reclaim_seconds: float = Field(30.0, gt=0)  # a batch held this long by a silent replica is taken over
     # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.
     rate_limit_per_second: float = Field(50.0, ge=0)

@@ -68,6 +68,13 @@ class RateLimited(ApiError):
     status, error = 429, "rate_limited"
 
 
+class TooManyNewTenants(RateLimited):
+    """An ingest key introduced more tenants not seen before this minute than it may: a gateway
+    inventing tenant names would grow every replica's state; known tenants still pass."""
+
+    error = "too_many_new_tenants"
+
+
 class Unavailable(ApiError):
     """A backend is down: the caller should retry the same request later; nothing was kept."""
 

@@ -44,8 +44,16 @@ def registry() -> CollectorRegistry:
 SEVERITIES = ("low", "high", "critical")
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
-REJECT_REASONS = ("forbidden", "payload_too_large", "unsupported_media_type", "invalid", "unavailable", "purged")
-EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid", "purged")
+REJECT_REASONS = (
+    "forbidden",
+    "payload_too_large",
+    "unsupported_media_type",
+    "invalid",
+    "unavailable",
+    "purged",
+    "too_many_new_tenants",
+)
+EXCHANGE_REJECT_REASONS = ("forbidden", "payload_too_large", "invalid", "purged", "too_many_new_tenants")
 OTHER = "other"
 # Rules of service/deployments/rules.toml known today; service/deployments/risk.py sets every rule it loads.
 DEPLOYMENT_RISK_RULES = ("kv_pool_below_context_length",)
@@ -102,7 +110,9 @@ INGEST_QUEUE = Gauge("bleedwatch_ingest_queue_batches", "Batches queued for proc
 INGEST_QUEUE_SECONDS = Histogram(
     "bleedwatch_ingest_queue_seconds", "Time from accepting a batch to processing it.", buckets=QUEUE_BUCKETS
 )
-# Batches refused because the queue was full (answered 503; the SDK retries them).
+# Bytes of the batches queued for processing (BLEEDWATCH_INGEST_QUEUE_MAX_BYTES bounds it).
+INGEST_QUEUE_BYTES = Gauge("bleedwatch_ingest_queue_bytes", "Bytes of batches queued.", multiprocess_mode="max")
+# Batches refused because the queue was full, in batches or in bytes (answered 503; the SDK retries them).
 INGEST_QUEUE_FULL = Counter("bleedwatch_ingest_queue_full_total", "Batches refused with the queue full.")
 # Processing attempts that failed with something other than an outage (a bug); the batch is retried.
 INGEST_FAILURES = Counter("bleedwatch_ingest_failures_total", "Batch processing attempts that failed.")
@@ -129,6 +139,15 @@ SDK_DROPPED = Counter("bleedwatch_sdk_dropped_exchanges_total", "Exchanges gatew
 FINDINGS_HELD = Counter("bleedwatch_findings_held_total", "Findings held for the database in the outbox.")
 # Findings dropped before being written because a tenant they involve was purged after their response.
 FINDINGS_PURGED = Counter("bleedwatch_findings_purged_total", "Findings dropped for a purged tenant.")
+# Dead letters deleted unrequeued after BLEEDWATCH_DEAD_LETTER_RETENTION_SECONDS, by where they were (ingest, findings).
+DEAD_LETTERS_EXPIRED = Counter("bleedwatch_dead_letters_expired_total", "Dead letters expired.", ["queue"])
+DEAD_LETTER_QUEUES = ("ingest", "findings")
+# Failed writes of held findings for another reason than an outage (each is retried alone).
+FINDINGS_OUTBOX_FAILURES = Counter(
+    "bleedwatch_findings_outbox_failures_total", "Held findings the database refused, not for an outage."
+)
+# Held findings moved to the outbox's dead letters after BLEEDWATCH_FINDINGS_OUTBOX_MAX_ATTEMPTS failed writes.
+FINDINGS_DEAD_LETTERS = Counter("bleedwatch_findings_dead_letters_total", "Held findings moved to the dead letters.")
 # Findings waiting in the outbox right now (every replica reports the shared outbox's length).
 FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
 
@@ -198,6 +217,8 @@ DEPLOYMENTS_AT_RISK = Gauge(
 BACKEND_ERRORS = Counter("bleedwatch_backend_errors_total", "Failed backend calls.", ["backend"])
 # Round trips to a backend: Redis commands or pipeline executions, database statements.
 BACKEND_ROUND_TRIPS = Counter("bleedwatch_backend_round_trips_total", "Backend round trips.", ["backend"])
+# Tenant names dropped from a process's bounded name -> ref cache (BLEEDWATCH_TENANT_CACHE_SIZE).
+TENANT_CACHE_EVICTIONS = Counter("bleedwatch_tenant_cache_evictions_total", "Tenant refs evicted from the cache.")
 # Items the index holds: Redis keys in its database (DBSIZE), or in-process table entries and documents.
 INDEX_ITEMS = Gauge("bleedwatch_index_items", "Items in the index.", multiprocess_mode="mostrecent")
 # Memory the index uses: Redis used_memory, or an estimate for the in-process index.
@@ -227,6 +248,8 @@ for _reason in REJECT_REASONS:
     INGEST_REJECTED.labels(_reason)
 for _reason in EXCHANGE_REJECT_REASONS:
     EXCHANGES_REJECTED.labels(_reason)
+for _queue in DEAD_LETTER_QUEUES:
+    DEAD_LETTERS_EXPIRED.labels(_queue)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
 REDIS_PERSISTENCE_OK.set(0)

@@ -64,10 +64,31 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
         grouping.configure(
             sessions, grouping.Policy(settings.incident_quiet_seconds, notify=settings.webhook_url is not None)
         )
-        writer = FindingsWriter(sessions, index.outbox(), index.purged)  # a purged tenant's findings are refused
+        # A purged tenant's findings are refused; a held finding that keeps failing is moved aside.
+        writer = FindingsWriter(
+            sessions,
+            index.outbox(),
+            index.purged,
+            max_attempts=settings.findings_outbox_max_attempts,
+            dead_letter_seconds=settings.dead_letter_retention_seconds,
+        )
         matcher = Matcher(index, KnownFingerprints(sessions, settings.lists_refresh_seconds), thresholds(settings))
-        ingestor = Ingestor(index, matcher, sessions, limits(settings), writer, settings.ingest_queue_max_batches)
-        worker = IngestWorker(ingestor, index.queue(), settings.ingest_workers, settings.ingest_reclaim_seconds)
+        ingestor = Ingestor(
+            index,
+            matcher,
+            sessions,
+            limits(settings),
+            writer,
+            settings.ingest_queue_max_batches,
+            settings.ingest_queue_max_bytes,
+        )
+        worker = IngestWorker(
+            ingestor,
+            index.queue(),
+            settings.ingest_workers,
+            settings.ingest_reclaim_seconds,
+            dead_letter_seconds=settings.dead_letter_retention_seconds,
+        )
         app.state.engine, app.state.index = engine, index
         async with AsyncExitStack() as running:  # stopped in reverse: the worker first, its clients last
             running.push_async_callback(engine.dispose)

@@ -18,16 +18,20 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import orjson
 import pytest
 
+from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
 from service.findings import store as findings_store
 from service.index.base import Index
-from service.ingest.outbox import decode_draft, encode_draft
+from service.ingest.outbox import FindingsWriter, decode_draft, encode_draft
 from service.matching.matcher import FindingDraft
+from service.migrate import upgrade
 from service.sdk.client import BleedwatchClient
-from tests.conftest import ALL_BACKENDS, Api, running_api
+from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
 from tests.conftest import _truncate as truncate
 from tests.tcp_proxy import tcp_proxy
 from tests.traffic import exchange, totals, words
@@ -75,6 +79,63 @@ def test_drafts_round_trip_through_the_outbox_encoding() -> None:
         evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
     )
     assert decode_draft(encode_draft(draft)) == draft
+
+
+def _draft(recipient_request_id: str) -> FindingDraft:
+    return FindingDraft(
+        key_id="00112233445566aa",
+        recipient_tenant="b",
+        recipient_request_id=recipient_request_id,
+        source_tenant="a",
+        source_request_ids=["r-a"],
+        response_at=datetime.now(UTC),
+        model="m",
+        deployment="d",
+        node=None,
+        prompt_tokens=100,
+        response_tokens=120,
+        matched_fingerprints=9,
+        longest_run_words=44,
+        score=0.31,
+        severity="high",
+        evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
+    )
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_a_held_finding_that_keeps_failing_is_moved_aside_and_can_be_put_back(
+    settings: Settings, index: Index
+) -> None:
+    """A finding the database refuses (here: no key id, NOT NULL) never holds back the others, and is
+    moved to the dead letters after max_attempts failed writes instead of being retried first forever."""
+    if settings.database_url is None:
+        upgrade(settings)
+    engine = make_engine(settings)
+    box = index.outbox()
+    writer = FindingsWriter(make_sessionmaker(engine), box, index.purged, max_attempts=3)
+    poison = orjson.loads(encode_draft(_draft("r-poison")))
+    poison["draft"]["key_id"] = None
+    await box.hold([orjson.dumps(poison), encode_draft(_draft("r-good"))])
+    failures = metrics.FINDINGS_OUTBOX_FAILURES._value.get()
+    dead = metrics.FINDINGS_DEAD_LETTERS._value.get()
+    try:
+        assert await writer.drain() == 1  # the good one is written despite its neighbour
+        assert await box.size() == 1
+        assert await writer.drain() == 0
+        assert (await box.size(), await box.dead_size()) == (1, 0)
+        assert await writer.drain() == 0  # the third failure: moved aside
+        assert (await box.size(), await box.dead_size()) == (0, 1)
+        assert metrics.FINDINGS_OUTBOX_FAILURES._value.get() - failures == 3
+        assert metrics.FINDINGS_DEAD_LETTERS._value.get() - dead == 1
+        await box.hold([encode_draft(_draft("r-later"))])
+        assert await writer.drain() == 1  # nothing stands in front of later findings
+        assert await box.requeue_dead(10) == 1  # once the cause is fixed, `bleedwatch queue requeue-dead`
+        assert (await box.size(), await box.dead_size()) == (1, 0)
+        async with session_scope(make_sessionmaker(engine)) as session:
+            rows, _ = await findings_store.page(session, findings_store.FindingFilter(), None, 10)
+        assert {f.recipient_request_id for f in rows} == {"r-good", "r-later"}
+    finally:
+        await engine.dispose()
 
 
 async def post(api: Api, *exchanges: dict[str, Any]) -> httpx.Response:

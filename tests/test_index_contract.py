@@ -32,6 +32,16 @@ async def test_tenant_refs_are_stable_and_distinct(index: Index) -> None:
     assert len({again["acme"], again["globex"], again["initech"]}) == 3
 
 
+async def test_new_tenants_are_counted_per_key_and_minute(index: Index) -> None:
+    """Known names pass, a new name counts once, and each key and each minute has its own budget."""
+    await index.tenant_refs(["known"])
+    minute = 60 * (int(NOW) // 60)
+    assert await index.admit_new_tenants("a" * 16, ["n1", "known", "n1", "n2"], 2, minute) == set()
+    assert await index.admit_new_tenants("a" * 16, ["n3", "n2", "known", "n4"], 2, minute + 59) == {"n3", "n4"}
+    assert await index.admit_new_tenants("b" * 16, ["n3"], 2, minute) == set()
+    assert await index.admit_new_tenants("a" * 16, ["n3", "n4", "n5"], 2, minute + 60) == {"n5"}
+
+
 async def test_doc_refs_never_overlap(index: Index) -> None:
     a = await index.new_doc_refs(10)
     b = await index.new_doc_refs(5)

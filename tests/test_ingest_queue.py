@@ -9,6 +9,8 @@
   put back, it is processed.
 - A batch whose backend blinks during processing is retried by its worker: no failure, no dead letter.
 - A worker outlives an error of the queue that is no outage (redis-py lets some resets out as AttributeError).
+- Dead letters (of the queue and of the findings outbox) expire after their retention, counted;
+  those within it are still requeued.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from service.config import Settings
 from service.index.base import Index, Queue
 from service.ingest import envelope
 from service.ingest import worker as worker_module
+from service.ingest.outbox import FindingsWriter
 from service.ingest.service import Ingestor
 from service.ingest.worker import queue_command
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
@@ -324,3 +327,93 @@ async def test_a_worker_outlives_an_error_that_is_no_outage(
         )
         assert totals(resp.json()) == {"accepted": 2, "duplicates": 0, "findings": 1, "processed": True}
         assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_dead_letters_expire_and_the_unexpired_are_still_requeued(settings: Settings, index: Index) -> None:
+    """Dead letters of the ingest queue and of the findings outbox are kept for the retention, then
+    deleted and counted; `requeue-dead` still puts back those within it."""
+    queue, box = index.queue(), index.outbox()
+
+    async def bury(body: bytes) -> None:
+        item_id = await queue.put(body, max_items=10)
+        assert item_id is not None
+        assert await queue.take("replica", block_seconds=0.5) == (item_id, body)
+        await queue.bury(item_id, body, "RuntimeError: a bug")
+        await box.hold([b"held-" + body])
+        ((held_id, held),) = await box.claim("replica", 10, min_idle_seconds=60)
+        await box.bury(held_id, held, "IntegrityError: a bug")
+
+    await bury(b"old")
+    await asyncio.sleep(0.01)  # burials on either side of `middle`, to the millisecond of a stream id
+    middle = time.time()
+    await asyncio.sleep(0.01)
+    await bury(b"new")
+    expired = {q: metrics.DEAD_LETTERS_EXPIRED.labels(q)._value.get() for q in ("ingest", "findings")}
+    async with running_api(settings) as api:
+        worker = worker_module.IngestWorker(deps(api).ingestor, queue, 0, 30.0, dead_letter_seconds=3600)
+        writer = FindingsWriter(deps(api).sessions, box, dead_letter_seconds=3600)
+        assert await worker.expire_dead(middle + 3600 - 60) == 0  # both younger than the retention
+        assert await writer.expire_dead(middle + 3600 - 60) == 0
+        assert await worker.expire_dead(middle + 3600) == 1
+        assert await writer.expire_dead(middle + 3600) == 1
+    assert metrics.DEAD_LETTERS_EXPIRED.labels("ingest")._value.get() - expired["ingest"] == 1
+    assert metrics.DEAD_LETTERS_EXPIRED.labels("findings")._value.get() - expired["findings"] == 1
+    assert (await queue.dead_size(), await box.dead_size()) == (1, 1)
+    assert await queue.requeue_dead(10) == 1
+    taken = await queue.take("replica", block_seconds=0.5)
+    assert taken is not None
+    assert taken[1] == b"new"
+    assert await box.requeue_dead(10) == 1
+    assert [item for _, item in await box.claim("replica", 10, min_idle_seconds=60)] == [b"held-new"]
+
+
+@pytest.mark.parametrize("settings", ALL_BACKENDS, indirect=True)
+async def test_the_queue_is_bounded_in_bytes_and_counts_each_item_out_once(index: Index) -> None:
+    queue = index.queue()
+    assert await queue.put(b"a" * 700, max_items=10, max_bytes=1000) is not None  # empty: any item goes
+    assert await queue.put(b"b" * 400, max_items=10, max_bytes=1000) is None  # 1,100 bytes: refused
+    second = await queue.put(b"c" * 300, max_items=10, max_bytes=1000)
+    assert second is not None
+    assert await queue.byte_size() == 1000
+    first = await queue.take("replica", block_seconds=0.5)
+    assert first is not None
+    await queue.finish(first[0], b"{}")
+    await queue.finish(first[0], b"{}")  # at least once: a second finish subtracts nothing
+    assert await queue.byte_size() == 300
+    taken = await queue.take("replica", block_seconds=0.5)
+    assert taken is not None
+    await queue.bury(taken[0], taken[1], "RuntimeError: a bug")  # dead letters are bounded by expiry, not here
+    assert await queue.byte_size() == 0
+    assert await queue.requeue_dead(10) == 1
+    assert await queue.byte_size() == 300
+    assert await queue.rewrite(lambda item: item[:100]) == 1  # a purge's rewrite keeps the count true
+    assert await queue.byte_size() == 100
+    assert await queue.rewrite(lambda item: None) == 1
+    assert await queue.byte_size() == 0
+    assert await queue.put(b"d" * 5000, max_items=10, max_bytes=1000) is not None  # larger than the bound, alone
+
+
+@pytest.mark.parametrize("settings", ["redis+postgres"], indirect=True)
+async def test_a_queue_full_in_bytes_refuses_with_503_and_keeps_nothing(settings: Settings) -> None:
+    """API replicas only (no worker here), so what is queued stays: the second batch passes the byte bound."""
+    before = metrics.INGEST_QUEUE_FULL._value.get()
+    async with running_api(settings.model_copy(update={"ingest_workers": 0, "ingest_queue_max_bytes": 1024})) as api:
+        queue = deps(api).index.queue()
+        batches = traffic(time.time())
+        first = await api.client.post(
+            "/v1/exchanges",
+            json={"exchanges": batches["source"]},
+            headers=api.headers(Role.INGEST) | {"Prefer": "respond-async"},
+        )
+        assert first.status_code == 202, first.text
+        queued = await queue.byte_size()
+        assert queued > 1024
+        resp = await api.client.post(
+            "/v1/exchanges", json={"exchanges": batches["leak"]}, headers=api.headers(Role.INGEST)
+        )
+        assert resp.status_code == 503
+        assert resp.headers["retry-after"]
+        assert "BLEEDWATCH_INGEST_QUEUE_MAX_BYTES" in resp.json()["detail"]
+        assert (await queue.size(), await queue.byte_size()) == (1, queued)
+        assert metrics.INGEST_QUEUE_FULL._value.get() - before == 1

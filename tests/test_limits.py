@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
-from tests.conftest import Api, running_api
+from tests.conftest import Api, _create_keys, running_api
 from tests.incident_traffic import leak_pair
-from tests.traffic import KEY
+from tests.traffic import KEY, exchange, words
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +53,35 @@ async def test_rate_limit_is_per_key_with_retry_after_and_shared_by_replicas(
         ) as other:
             again = await other.client.get("/v1/findings", headers=read)
             assert again.status_code == 429
+
+
+async def test_new_tenants_per_ingest_key_are_limited_per_exchange(settings: Settings) -> None:
+    """A key inventing tenant names gets each one past the limit rejected alone; known tenants and
+    names already counted pass, and the rest of the batch is taken."""
+    limited = settings.model_copy(update={"new_tenants_per_key_per_minute": 2})
+    async with running_api(limited) as api:
+        now = time.time()
+        other_key = (await _create_keys(limited))[Role.INGEST]  # introduces "known", on its own budget
+        known = {"exchanges": [exchange("known", "k-1", words("csv"), words("json"), now)]}
+        resp = await api.client.post("/v1/exchanges", json=known, headers={"Authorization": f"Bearer {other_key}"})
+        assert resp.status_code == 202, resp.text
+        await api.processed()
+        before = metrics.EXCHANGES_REJECTED.labels("too_many_new_tenants")._value.get()
+        tenants = ["new-1", "new-1", "new-2", "new-3", "known", "new-3"]
+        batch = [exchange(t, f"r-{i}", words("csv"), words("heapq"), now) for i, t in enumerate(tenants)]
+        resp = await api.client.post("/v1/exchanges", json={"exchanges": batch}, headers=api.headers(Role.INGEST))
+        assert resp.status_code == 202, resp.text
+        results = resp.json()["results"]
+        assert [r["status"] for r in results] == ["accepted"] * 3 + ["rejected", "accepted", "rejected"]
+        assert {results[3]["error"], results[5]["error"]} == {"too_many_new_tenants"}
+        assert "BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE" in results[3]["detail"]
+        assert "new-3" not in results[3]["detail"]  # never echoes tenant data
+        assert metrics.EXCHANGES_REJECTED.labels("too_many_new_tenants")._value.get() - before == 2
+    off = settings.model_copy(update={"new_tenants_per_key_per_minute": 0})
+    async with running_api(off) as api:
+        batch = [exchange(f"t-{i}", "r", words("csv"), words("heapq"), time.time()) for i in range(5)]
+        resp = await api.client.post("/v1/exchanges", json={"exchanges": batch}, headers=api.headers(Role.INGEST))
+        assert resp.json()["accepted"] == 5
 
 
 async def test_unknown_key_ids_and_old_timestamps_are_refused(strict_api: Api, settings: Settings) -> None:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.anyio
 
 ALLOWED_LABELS = {
     "kind",
+    "queue",  # where a dead letter expired: metrics.DEAD_LETTER_QUEUES
     "reason",
     "severity",
     "model",
@@ -91,6 +92,8 @@ def test_known_label_values_exist_before_any_event() -> None:
         assert f'bleedwatch_backend_errors_total{{backend="{backend}"}}' in body
     for kind in metrics.ENGINE_SIGNAL_KINDS:
         assert f'bleedwatch_engine_signals_total{{kind="{kind}"}}' in body
+    for queue in metrics.DEAD_LETTER_QUEUES:
+        assert f'bleedwatch_dead_letters_expired_total{{queue="{queue}"}}' in body
     assert 'bleedwatch_deployment_risk_violations{rule="kv_pool_below_context_length"}' in body
     for unlabelled in ("bleedwatch_canary_probes_total", "bleedwatch_canary_leaks_total", "bleedwatch_sdk_dropped"):
         assert f"\n{unlabelled}" in body

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import redis.asyncio
 
+from service import metrics
 from service.app import make_index
 from service.config import Settings
 from service.index.base import Doc, Index, Kind
@@ -91,6 +92,27 @@ async def test_doc_refs_wrap_before_two_to_the_32(index: Index, settings: Settin
     first = await r.new_doc_refs(5)
     assert first == 1
     assert await r.new_doc_refs(2) == 6
+
+
+async def test_the_tenant_cache_is_bounded_least_recently_used_first(settings: Settings) -> None:
+    """A key sending ever-new tenant names cannot grow a process's memory; refs stay stable across evictions."""
+    r = redis_of(make_index(settings.model_copy(update={"tenant_cache_size": 3})))
+    try:
+        first = await r.tenant_refs(["a", "b", "c"])
+        await r.tenant_refs(["a"])  # now the most recently used
+        evicted = metrics.TENANT_CACHE_EVICTIONS._value.get()
+        for batch in range(20):
+            await r.tenant_refs([f"new-{batch}-{i}" for i in range(2)])
+            assert r.tenant_cache_len <= 3
+        assert metrics.TENANT_CACHE_EVICTIONS._value.get() - evicted == 40
+        assert await r.tenant_refs(["a", "b", "c"]) == first  # from Redis again, the same refs
+        assert r.tenant_cache_len == 3
+        await r.tenant_refs(["new-19-0", "a"])
+        second = await r.tenant_refs(["d"])
+        assert r.tenant_cache_len == 3
+        assert second["d"] not in first.values()
+    finally:
+        await r.close()
 
 
 @pytest.mark.parametrize("bits", [8, 12, 20])

@@ -119,12 +119,29 @@ class Outbox(Protocol):
 
     async def release(self, ids: list[str]) -> None: ...
 
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
+        """Move a claimed item aside, to the dead letters, with its reason: it failed to be written
+        too often, and left first in line it would hold back every finding behind it."""
+        ...
+
     async def size(self) -> int: ...
 
+    async def dead_size(self) -> int: ...
+
+    async def expire_dead(self, before: float) -> int:
+        """Delete dead letters buried before ``before`` (epoch seconds); how many. Dead letters are
+        kept for an operator to requeue once the bug is fixed, not forever: a steady stream of
+        poison batches would otherwise grow Redis without bound."""
+        ...
+
+    async def requeue_dead(self, count: int) -> int:
+        """Put up to ``count`` dead letters back to be written, oldest first; how many."""
+        ...
+
     async def rewrite(self, keep: Rewrite) -> int:
-        """Pass every item through ``keep``: None deletes it, other bytes replace it (a tenant purge);
-        how many items changed. An item being written meanwhile is written as it was, which the
-        writer's tombstone check (service/ingest/outbox.py) makes harmless."""
+        """Pass every item, dead letters included, through ``keep``: None deletes it, other bytes
+        replace it (a tenant purge); how many items changed. An item being written meanwhile is
+        written as it was, which the writer's tombstone check (service/ingest/outbox.py) makes harmless."""
         ...
 
 
@@ -141,8 +158,14 @@ class Queue(Protocol):
 
     durable: bool
 
-    async def put(self, item: bytes, max_items: int) -> str | None:
-        """The new item's id, or None when ``max_items`` are already waiting."""
+    async def put(self, item: bytes, max_items: int, max_bytes: int = 0) -> str | None:
+        """The new item's id, or None when ``max_items`` are already waiting, or when the items waiting
+        and this one would pass ``max_bytes`` (0: no byte bound; into an empty queue any item goes, so a
+        batch larger than the bound is still taken, alone)."""
+        ...
+
+    async def byte_size(self) -> int:
+        """Bytes of the items waiting (taken but unfinished ones included; dead letters not)."""
         ...
 
     async def take(self, consumer: str, block_seconds: float, lane: int = 0) -> tuple[str, bytes] | None:
@@ -170,6 +193,12 @@ class Queue(Protocol):
     async def size(self) -> int: ...
 
     async def dead_size(self) -> int: ...
+
+    async def expire_dead(self, before: float) -> int:
+        """Delete dead letters buried before ``before`` (epoch seconds); how many. Kept for an
+        operator to requeue once the bug is fixed, not forever: a steady stream of poison batches
+        would otherwise grow Redis without bound."""
+        ...
 
     async def requeue_dead(self, count: int) -> int:
         """Put up to ``count`` buried items back in the queue (once the bug is fixed); how many."""
@@ -199,6 +228,16 @@ class Index(Protocol):
 
     async def tenant_refs(self, names: list[str]) -> dict[str, int]:
         """Small integer ids for tenant names, created on first use, stable forever."""
+        ...
+
+    async def admit_new_tenants(self, key_id: str, names: list[str], limit: int, now: float) -> set[str]:
+        """Which of ``names`` to refuse: tenants not yet known, past the ``limit`` new ones that API key
+        ``key_id`` may introduce in the clock minute of ``now``.
+
+        Every tenant name becomes a stored ref, a cache entry and index entries that stay until it is
+        purged: without this a caller with an ingest key could grow them without end by inventing names.
+        Known tenants are never refused, and a new name counts once per minute however often it is sent.
+        """
         ...
 
     async def new_doc_refs(self, count: int) -> int:

@@ -4,12 +4,15 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
 
 - ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept until the tenant is purged)
 - ``p:{p:tenants}:purged``                 tombstones: digest of a purged tenant's name -> "purge time ref"
+- ``p:{p:tenants}:new:<key id>:<minute>``  digests of new tenant names one API key sent that minute, TTL 2 min
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<ns>:<ref>``                     metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
 - ``p:{<ns>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
 - ``p:{<ns>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
+- ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
 - ``p:{p:queue}:exchanges``                stream of accepted ingest batches not yet processed
 - ``p:{p:queue}:dead``                     batches that failed processing too often, kept for an operator
 - ``p:{p:queue}:result:<id>``              what processing one batch concluded, for a caller waiting on it
@@ -84,6 +87,10 @@ class Keys:
     def tenant_tombstones(self) -> str:
         return f"{self.prefix}:{{{self.prefix}:tenants}}:purged"
 
+    def new_tenants(self, api_key_id: str, minute: int) -> str:
+        """Beside the names hash (same hash tag), so one script checks both on a Redis Cluster."""
+        return f"{self.prefix}:{{{self.prefix}:tenants}}:new:{api_key_id}:{minute}"
+
     @staticmethod
     def tenant_digest(name: str) -> str:
         """A tombstone names the tenant by digest: purged means its name is not kept either."""
@@ -109,6 +116,10 @@ class Keys:
         return f"{self.prefix}:{{{self.prefix}:outbox}}:findings"
 
     @property
+    def outbox_dead(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:outbox}}:dead"
+
+    @property
     def queue(self) -> str:
         return self.queue_shard(0)
 
@@ -121,6 +132,14 @@ class Keys:
 
     def queue_shard(self, shard: int) -> str:
         return f"{self._queue_base(shard)}:exchanges"
+
+    def queue_bytes(self, shard: int = 0) -> str:
+        """Bytes of the items in the shard's stream; ``queue_sizes`` has each item's, so that a
+        finish or a bury counted twice subtracts once."""
+        return f"{self._queue_base(shard)}:bytes"
+
+    def queue_sizes(self, shard: int = 0) -> str:
+        return f"{self._queue_base(shard)}:sizes"
 
     def dead_letters_shard(self, shard: int) -> str:
         return f"{self._queue_base(shard)}:dead"

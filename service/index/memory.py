@@ -31,6 +31,8 @@ class MemoryIndex:
         self._tenants: dict[str, int] = {}
         self._tenant_seq = itertools.count(1)  # never reused, also after a purge
         self._purged: dict[str, float] = {}  # tombstones: tenant digest -> purge time
+        # API key id -> (minute, new tenant names it sent then); one entry per key, at most the limit names.
+        self._new_tenants: dict[str, tuple[int, set[str]]] = {}
         self._doc_seq = itertools.count(1)
         self._outbox: Outbox | None = None
         self._queue: Queue | None = None
@@ -56,6 +58,22 @@ class MemoryIndex:
             if name not in self._tenants:
                 self._tenants[name] = next(self._tenant_seq)
         return {name: self._tenants[name] for name in names}
+
+    async def admit_new_tenants(self, key_id: str, names: list[str], limit: int, now: float) -> set[str]:
+        minute = int(now // 60)
+        at, seen = self._new_tenants.get(key_id, (minute, set()))
+        if at != minute:
+            seen = set()
+        self._new_tenants[key_id] = (minute, seen)
+        refused = set()
+        for name in sorted(set(names)):
+            if name in self._tenants or name in seen:
+                continue
+            if len(seen) < limit:
+                seen.add(name)
+            else:
+                refused.add(name)
+        return refused
 
     async def new_doc_refs(self, count: int) -> int:
         if not 0 < count < DOC_REF_LIMIT // 2:

@@ -14,6 +14,20 @@ from service.index.streams import Group, entries, entry_id, rewrite_stream
 
 GROUP = "writers"
 
+# Dead letters back into the outbox, oldest first, atomically (both keys share a hash tag).
+_REQUEUE = """
+local moved = 0
+for _, entry in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', ARGV[1])) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'd' then redis.call('XADD', KEYS[1], '*', 'd', fields[i + 1]) end
+  end
+  redis.call('XDEL', KEYS[2], entry[1])
+  moved = moved + 1
+end
+return moved
+"""
+
 
 class RedisOutbox:
     """``p:{p:outbox}:findings``: one stream entry per finding, one consumer group for all replicas."""
@@ -21,6 +35,7 @@ class RedisOutbox:
     def __init__(self, client: Redis | RedisCluster, keys: Keys) -> None:
         self._r = client
         self._key = keys.outbox
+        self._dead = keys.outbox_dead
         self._group = Group(client, self._key, GROUP)
 
     async def hold(self, items: list[bytes]) -> None:
@@ -58,12 +73,33 @@ class RedisOutbox:
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._dead, {"d": item, "id": item_id, "reason": reason})
+            pipe.xack(self._key, GROUP, item_id)
+            pipe.xdel(self._key, item_id)
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await pipe.execute()
+
     async def size(self) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
         return int(await self._r.xlen(self._key))
 
+    async def dead_size(self) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.xlen(self._dead))
+
+    async def requeue_dead(self, count: int) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.eval(_REQUEUE, 2, self._key, self._dead, count))
+
+    async def expire_dead(self, before: float) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()  # a dead letter's stream id is the (Redis) time it was buried
+        return int(await self._r.xtrim(self._dead, minid=f"{max(0, int(before * 1000))}-0", approximate=False))
+
     async def rewrite(self, keep: Rewrite) -> int:
-        return await rewrite_stream(self._r, self._key, b"d", keep)
+        changed = await rewrite_stream(self._r, self._key, b"d", keep)
+        return changed + await rewrite_stream(self._r, self._dead, b"d", keep)
 
 
 class MemoryOutbox:
@@ -73,6 +109,8 @@ class MemoryOutbox:
         self._items: dict[str, bytes] = {}
         self._claimed: dict[str, tuple[str, float]] = {}
         self._ids = itertools.count(1)
+        self.dead: list[tuple[str, bytes, str]] = []  # id, item, reason
+        self._buried_at: dict[str, float] = {}  # dead letter id -> when it was buried (epoch seconds)
 
     async def hold(self, items: list[bytes]) -> None:
         for item in items:
@@ -96,11 +134,39 @@ class MemoryOutbox:
             self._items.pop(item_id, None)
             self._claimed.pop(item_id, None)
 
+    async def bury(self, item_id: str, item: bytes, reason: str) -> None:
+        self._items.pop(item_id, None)
+        self._claimed.pop(item_id, None)
+        self.dead.append((item_id, item, reason))
+        self._buried_at[item_id] = time.time()
+
     async def size(self) -> int:
         return len(self._items)
 
+    async def dead_size(self) -> int:
+        return len(self.dead)
+
+    async def expire_dead(self, before: float) -> int:
+        kept = [d for d in self.dead if self._buried_at.get(d[0], before) >= before]
+        expired = len(self.dead) - len(kept)
+        self.dead = kept
+        self._buried_at = {d[0]: self._buried_at[d[0]] for d in kept if d[0] in self._buried_at}
+        return expired
+
+    async def requeue_dead(self, count: int) -> int:
+        moved, self.dead = self.dead[:count], self.dead[count:]
+        await self.hold([item for _, item, _ in moved])
+        return len(moved)
+
     async def rewrite(self, keep: Rewrite) -> int:
         changed = 0
+        dead = []
+        for item_id, item, reason in self.dead:
+            new = keep(item)
+            changed += new != item
+            if new is not None:
+                dead.append((item_id, new, reason))
+        self.dead = dead
         for item_id, item in list(self._items.items()):
             new = keep(item)
             if new != item:

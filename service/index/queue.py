@@ -20,29 +20,69 @@ from redis.exceptions import ResponseError
 from service import metrics
 from service.index.base import Rewrite
 from service.index.keys import Keys
-from service.index.streams import Group, entries, entry_id, rewrite_stream
+from service.index.streams import REWRITE_PAGE, Group, entries, entry_id, rewrite_stream
 
 GROUP = "ingest"
 RESULT_SECONDS = 300
 
-# Bounded: a full queue refuses (the caller retries later) rather than growing Redis without limit.
+# Bounded in batches and in bytes: a full queue refuses (the caller retries later) rather than
+# growing Redis without limit; a few large batches fill it as surely as many small ones.
+# KEYS stream, sizes, bytes; ARGV max items, item, max bytes (0: none).
 _PUT = """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-return redis.call('XADD', KEYS[1], '*', 'b', ARGV[2])
+local n = string.len(ARGV[2])
+local queued = tonumber(redis.call('GET', KEYS[3]) or '0')
+if tonumber(ARGV[3]) > 0 and queued > 0 and queued + n > tonumber(ARGV[3]) then return false end
+local id = redis.call('XADD', KEYS[1], '*', 'b', ARGV[2])
+redis.call('HSET', KEYS[2], id, n)
+redis.call('INCRBY', KEYS[3], n)
+return id
 """
 
-# Dead letters back into the queue, oldest first, atomically (both keys share a hash tag).
+# An item leaves the stream (finished, buried, purged): its bytes are subtracted once, however often.
+# KEYS stream, sizes, bytes; ARGV id.
+_DROP = """
+local n = redis.call('HGET', KEYS[2], ARGV[1])
+if n then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('DECRBY', KEYS[3], n)
+end
+return redis.call('XDEL', KEYS[1], ARGV[1])
+"""
+
+# Dead letters back into the queue, oldest first, atomically (every key shares a hash tag).
+# KEYS stream, dead letters, sizes, bytes; ARGV count.
 _REQUEUE = """
 local moved = 0
 for _, entry in ipairs(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', ARGV[1])) do
   local fields = entry[2]
   for i = 1, #fields, 2 do
-    if fields[i] == 'b' then redis.call('XADD', KEYS[1], '*', 'b', fields[i + 1]) end
+    if fields[i] == 'b' then
+      local id = redis.call('XADD', KEYS[1], '*', 'b', fields[i + 1])
+      redis.call('HSET', KEYS[3], id, string.len(fields[i + 1]))
+      redis.call('INCRBY', KEYS[4], string.len(fields[i + 1]))
+    end
   end
   redis.call('XDEL', KEYS[2], entry[1])
   moved = moved + 1
 end
 return moved
+"""
+
+# A purge's replacement of one item: KEYS stream, sizes, bytes; ARGV old id, new item ('' with ARGV[3] 0: none).
+_REPLACE = """
+local n = redis.call('HGET', KEYS[2], ARGV[1])
+if n then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('DECRBY', KEYS[3], n)
+end
+redis.call('XDEL', KEYS[1], ARGV[1])
+if ARGV[3] == '1' then
+  local id = redis.call('XADD', KEYS[1], '*', 'b', ARGV[2])
+  redis.call('HSET', KEYS[2], id, string.len(ARGV[2]))
+  redis.call('INCRBY', KEYS[3], string.len(ARGV[2]))
+end
+return 1
 """
 
 
@@ -65,12 +105,18 @@ class RedisQueue:
         self._shard = shard
         self._key = keys.queue_shard(shard)
         self._dead = keys.dead_letters_shard(shard)
+        self._sizes = keys.queue_sizes(shard)
+        self._bytes = keys.queue_bytes(shard)
         self._group = Group(client, self._key, GROUP)
 
-    async def put(self, item: bytes, max_items: int) -> str | None:
+    async def put(self, item: bytes, max_items: int, max_bytes: int = 0) -> str | None:
         metrics.REDIS_ROUND_TRIPS.inc()
-        item_id = await self._r.eval(_PUT, 1, self._key, max_items, item)
+        item_id = await self._r.eval(_PUT, 3, self._key, self._sizes, self._bytes, max_items, item, max_bytes)
         return None if item_id is None else entry_id(item_id)
+
+    async def byte_size(self) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return max(0, int(await self._r.get(self._bytes) or 0))
 
     async def take(self, consumer: str, block_seconds: float, lane: int = 0) -> tuple[str, bytes] | None:
         """``block_seconds`` 0: answer at once."""
@@ -123,16 +169,16 @@ class RedisQueue:
     async def finish(self, item_id: str, result: bytes) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.xack(self._key, GROUP, item_id)
-            pipe.xdel(self._key, item_id)
+            pipe.eval(_DROP, 3, self._key, self._sizes, self._bytes, item_id)
             pipe.set(self._keys.queue_result(item_id, self._shard), result, ex=RESULT_SECONDS)
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
     async def bury(self, item_id: str, item: bytes, reason: str) -> None:
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._dead, {"b": item, "id": item_id, "reason": reason})  # never trimmed: an alert pages
+            pipe.xadd(self._dead, {"b": item, "id": item_id, "reason": reason})  # expired by expire_dead
             pipe.xack(self._key, GROUP, item_id)
-            pipe.xdel(self._key, item_id)
+            pipe.eval(_DROP, 3, self._key, self._sizes, self._bytes, item_id)
             metrics.REDIS_ROUND_TRIPS.inc()
             await pipe.execute()
 
@@ -151,10 +197,32 @@ class RedisQueue:
 
     async def requeue_dead(self, count: int) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
-        return int(await self._r.eval(_REQUEUE, 2, self._key, self._dead, count))
+        return int(await self._r.eval(_REQUEUE, 4, self._key, self._dead, self._sizes, self._bytes, count))
+
+    async def expire_dead(self, before: float) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()  # a dead letter's stream id is the (Redis) time it was buried
+        return int(await self._r.xtrim(self._dead, minid=f"{max(0, int(before * 1000))}-0", approximate=False))
 
     async def rewrite(self, keep: Rewrite) -> int:
-        changed = await rewrite_stream(self._r, self._key, b"b", keep)
+        """As ``rewrite_stream`` does, each changed item in one script that keeps the byte count true."""
+        changed, start = 0, "-"
+        while True:
+            metrics.REDIS_ROUND_TRIPS.inc()
+            page: list[tuple[bytes, dict[bytes, bytes]]] = await self._r.xrange(  # type: ignore[assignment]
+                self._key, min=start, max="+", count=REWRITE_PAGE
+            )
+            if not page:
+                break
+            for raw_id, fields in page:
+                value = fields.get(b"b") if fields else None
+                new = None if value is None else keep(value)
+                if value is None or new == value:
+                    continue
+                metrics.REDIS_ROUND_TRIPS.inc()
+                keys = (self._key, self._sizes, self._bytes)
+                await self._r.eval(_REPLACE, 3, *keys, entry_id(raw_id), new or b"", int(new is not None))
+                changed += 1
+            start = f"({entry_id(page[-1][0])}"
         return changed + await rewrite_stream(self._r, self._dead, b"b", keep)
 
 
@@ -184,13 +252,14 @@ class ShardedQueue:
     def _named(self, shard: int, stream_id: str) -> str:
         return f"{stream_id}@{shard}" if shard else stream_id
 
-    async def put(self, item: bytes, max_items: int) -> str | None:
+    async def put(self, item: bytes, max_items: int, max_bytes: int = 0) -> str | None:
         n = len(self._shards)
         each = -(-max_items // n)
+        each_bytes = -(-max_bytes // n)
         start = next(self._next)
         for k in range(n):
             shard = (start + k) % n
-            item_id = await self._shards[shard].put(item, each)
+            item_id = await self._shards[shard].put(item, each, each_bytes)
             if item_id is not None:
                 return self._named(shard, item_id)
         return None
@@ -235,8 +304,14 @@ class ShardedQueue:
     async def dead_size(self) -> int:
         return sum([await queue.dead_size() for queue in self._shards])
 
+    async def byte_size(self) -> int:
+        return sum([await queue.byte_size() for queue in self._shards])
+
     async def rewrite(self, keep: Rewrite) -> int:
         return sum([await queue.rewrite(keep) for queue in self._shards])
+
+    async def expire_dead(self, before: float) -> int:
+        return sum([await queue.expire_dead(before) for queue in self._shards])
 
     async def requeue_dead(self, count: int) -> int:
         moved = 0
@@ -257,11 +332,15 @@ class MemoryQueue:
         self._taken: dict[str, tuple[str, float, int]] = {}  # id -> consumer, when, deliveries
         self._results: dict[str, tuple[bytes, float]] = {}
         self.dead: list[tuple[str, bytes, str]] = []  # id, item, reason
+        self._buried_at: dict[str, float] = {}  # dead letter id -> when it was buried (epoch seconds)
         self._ids = itertools.count(1)
         self._arrived = asyncio.Event()
 
-    async def put(self, item: bytes, max_items: int) -> str | None:
+    async def put(self, item: bytes, max_items: int, max_bytes: int = 0) -> str | None:
         if len(self._items) >= max_items:
+            return None
+        queued = await self.byte_size()
+        if max_bytes and queued and queued + len(item) > max_bytes:
             return None
         item_id = f"{int(time.time() * 1000)}-{next(self._ids)}"
         self._items[item_id] = item
@@ -310,6 +389,7 @@ class MemoryQueue:
     async def bury(self, item_id: str, item: bytes, reason: str) -> None:
         self._drop(item_id)
         self.dead.append((item_id, item, reason))
+        self._buried_at[item_id] = time.time()
 
     def _drop(self, item_id: str) -> None:
         self._items.pop(item_id, None)
@@ -324,6 +404,16 @@ class MemoryQueue:
 
     async def dead_size(self) -> int:
         return len(self.dead)
+
+    async def byte_size(self) -> int:
+        return sum(map(len, self._items.values()))  # at most max_items: a sum, no counter to keep true
+
+    async def expire_dead(self, before: float) -> int:
+        kept = [d for d in self.dead if self._buried_at.get(d[0], before) >= before]
+        expired = len(self.dead) - len(kept)
+        self.dead = kept
+        self._buried_at = {d[0]: self._buried_at[d[0]] for d in kept if d[0] in self._buried_at}
+        return expired
 
     async def requeue_dead(self, count: int) -> int:
         moved, self.dead = self.dead[:count], self.dead[count:]

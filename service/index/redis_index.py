@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -45,6 +46,8 @@ from service.index.window import Window
 # queue's XADD (the gateway's answer) never waits long behind the index work (2048: p99 117 ms
 # at half the maximum rate, 512: 28 ms, at the same throughput; docs/performance.md).
 RECORDS_PER_CALL = 512
+# Tenant name -> ref entries kept per process by default (BLEEDWATCH_TENANT_CACHE_SIZE); about 150 bytes each.
+DEFAULT_TENANT_CACHE_SIZE = 100_000
 PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
 KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
@@ -61,6 +64,25 @@ for i, name in ipairs(ARGV) do
 end
 return out
 """
+
+# KEYS[1] tenant names, KEYS[2] one API key's new-tenant set of this minute; ARGV limit, TTL, then
+# (name, digest) pairs. Returns the names refused: unknown, not yet counted, and over the limit.
+_ADMIT_TENANTS = """
+local limit = tonumber(ARGV[1])
+local refused = {}
+for i = 3, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 and redis.call('SISMEMBER', KEYS[2], ARGV[i + 1]) == 0 then
+    if redis.call('SCARD', KEYS[2]) < limit then
+      redis.call('SADD', KEYS[2], ARGV[i + 1])
+      redis.call('EXPIRE', KEYS[2], ARGV[2])
+    else
+      refused[#refused + 1] = ARGV[i]
+    end
+  end
+end
+return refused
+"""
+NEW_TENANTS_WINDOW_SECONDS = 60
 
 # Refs first..last for ARGV[1] new documents; the counter restarts at 1 rather than pass 2^32.
 _DOC_REFS = """
@@ -239,6 +261,7 @@ class RedisIndex:
         common_tenants: int,
         bucket_bits: int,
         queue_shards: int = 1,
+        tenant_cache_size: int = DEFAULT_TENANT_CACHE_SIZE,
     ) -> None:
         if not SHARD_BITS <= bucket_bits <= SHARD_BITS + 16:
             raise ValueError(f"bucket bits must be between {SHARD_BITS} and {SHARD_BITS + 16}")
@@ -251,7 +274,12 @@ class RedisIndex:
         self._lookup = LuaScript.of(_lua("lookup.lua"))
         self._tenant_script = LuaScript.of(_TENANT_REFS)
         self._doc_refs_script = LuaScript.of(_DOC_REFS)
-        self._tenant_cache: dict[str, int] = {}
+        self._admit_script = LuaScript.of(_ADMIT_TENANTS)
+        # Least recently used first. Bounded because tenant names come from ingest keys' callers: an
+        # unbounded dict would let one key grow every replica's memory by sending ever-new names.
+        # Refs are stable in Redis, so an evicted name costs one round trip the next time, nothing more.
+        self._tenant_cache: OrderedDict[str, int] = OrderedDict()
+        self._tenant_cache_size = tenant_cache_size
         self._outbox: Outbox | None = None
         self._queue: Queue | None = None
         self._queue_shards = queue_shards
@@ -283,13 +311,40 @@ class RedisIndex:
         await self._r.aclose()
 
     async def tenant_refs(self, names: list[str]) -> dict[str, int]:
-        missing = sorted({n for n in names if n not in self._tenant_cache})
+        cache = self._tenant_cache
+        out = {}
+        for name in names:
+            if name in cache:
+                cache.move_to_end(name)
+                out[name] = cache[name]
+        missing = sorted({n for n in names if n not in out})
         if missing:
             (refs,) = await self._scripts(
                 [(self._tenant_script, [self._keys.tenant_names, self._keys.tenant_seq], missing)]
             )
-            self._tenant_cache.update(zip(missing, (int(r) for r in refs), strict=True))
-        return {n: self._tenant_cache[n] for n in names}
+            for name, ref in zip(missing, refs, strict=True):
+                out[name] = cache[name] = int(ref)
+            while len(cache) > self._tenant_cache_size:
+                cache.popitem(last=False)
+                metrics.TENANT_CACHE_EVICTIONS.inc()
+        return {n: out[n] for n in names}
+
+    async def admit_new_tenants(self, key_id: str, names: list[str], limit: int, now: float) -> set[str]:
+        unknown = sorted({n for n in names if n not in self._tenant_cache})  # cached = known: no round trip
+        if not unknown:
+            return set()
+        minute = int(now // NEW_TENANTS_WINDOW_SECONDS)
+        args: list[Any] = [limit, 2 * NEW_TENANTS_WINDOW_SECONDS]
+        for name in unknown:
+            args += [name, self._keys.tenant_digest(name)]
+        keys = [self._keys.tenant_names, self._keys.new_tenants(key_id, minute)]
+        (refused,) = await self._scripts([(self._admit_script, keys, args)])
+        return {r.decode() if isinstance(r, bytes) else str(r) for r in refused}
+
+    @property
+    def tenant_cache_len(self) -> int:
+        """Names cached in this process (tests check the bound)."""
+        return len(self._tenant_cache)
 
     async def new_doc_refs(self, count: int) -> int:
         if not 0 < count < DOC_REF_LIMIT // 2:

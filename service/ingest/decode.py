@@ -26,6 +26,7 @@ class Limits:
     max_future_seconds: int
     max_age_seconds: int | None = None  # BLEEDWATCH_MAX_AGE_SECONDS (default: the findings retention)
     accepted_key_ids: frozenset[str] = frozenset()  # BLEEDWATCH_ACCEPTED_KEY_IDS; empty = any
+    new_tenants_per_minute: int = 0  # BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE; 0 = no limit
 
 
 @dataclass(frozen=True, slots=True)

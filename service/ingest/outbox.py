@@ -18,6 +18,14 @@ or held before the purge must not bring its data back (service/retention/jobs.py
 Only an outage goes to the outbox (connection refused or lost, timeouts). Any other error fails
 the batch (5xx) before its idempotency marks are written, so the retried batch is processed
 again, whole.
+
+A held finding the database refuses for another reason than an outage (a bug, a value it will
+never take) is retried alone, so it holds back no other, and after ``max_attempts`` failed
+writes it is moved to the outbox's dead letters with its reason
+(``bleedwatch_findings_dead_letters_total``): left first in line it would be claimed first on
+every round, forever. ``bleedwatch queue requeue-dead`` puts it back once the cause is fixed;
+after ``dead_letter_seconds`` unrequeued it is deleted (``bleedwatch_dead_letters_expired_total``).
+Attempts are counted per process; a replica that takes over abandoned items counts anew.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -50,6 +59,7 @@ CLAIM_COUNT = 200
 DRAIN_SECONDS = 2.0
 # A replica that claimed held findings and died leaves them to another one after this long.
 ABANDONED_SECONDS = 60.0
+DEFAULT_MAX_ATTEMPTS = 5
 _DATETIMES = {f.name for f in dataclasses.fields(FindingDraft) if "datetime" in str(f.type)}
 _FIELDS = {f.name for f in dataclasses.fields(FindingDraft)}
 
@@ -99,8 +109,13 @@ class FindingsWriter:
         outbox: Outbox,
         tombstones: Tombstones | None = None,
         consumer: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        dead_letter_seconds: float = 7 * 86400.0,
     ):
+        self._dead_letter_seconds = dead_letter_seconds
         self._sessions = sessions
+        self.max_attempts = max_attempts
+        self._attempts: dict[str, int] = {}  # held item id -> failed writes here; only items this process claimed
         self._outbox = outbox
         self._tombstones = tombstones  # Index.purged: None where no tenant can be purged (tools, tests)
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -136,28 +151,81 @@ class FindingsWriter:
         return written
 
     async def drain(self) -> int:
-        """Write held findings to the database until there are none; how many were written."""
+        """Write held findings to the database until there are none, or until one fails for another
+        reason than an outage (then the next round tries again); how many were written."""
         done = 0
         while True:
             claimed = await self._outbox.claim(self.consumer, CLAIM_COUNT, ABANDONED_SECONDS)
             if not claimed:
                 return done
-            drafts, ids = [], []
+            held: list[tuple[str, bytes, FindingDraft]] = []
+            unreadable = []
             for item_id, raw in claimed:
                 try:
-                    drafts.append(decode_draft(raw))
+                    held.append((item_id, raw, decode_draft(raw)))
                 except (ValueError, TypeError, KeyError) as exc:  # from an incompatible version: say so, once
                     log.error("held_finding_unreadable", extra={"item": item_id, "exc_type": type(exc).__name__})
-                ids.append(item_id)
-            drafts = await self._unpurged(drafts)  # held before their tenant was purged: not written
-            if drafts:
-                await self._upsert(drafts)  # a database error leaves them claimed by us, for the next round
-            await self._outbox.release(ids)
-            done += len(drafts)
-            log.info("held_findings_written", extra={"count": len(drafts)})
+                    unreadable.append(item_id)
+            await self._outbox.release(unreadable)
+            try:
+                written = await self._write_held([draft for _, _, draft in held])
+            except DATABASE_DOWN:
+                raise  # leaves them claimed by us, for the next round
+            except Exception:  # one of them, or more, is refused: each alone, so the others are written
+                written = 0
+                for item_id, raw, draft in held:
+                    try:
+                        written += await self._write_held([draft])
+                    except DATABASE_DOWN:
+                        raise
+                    except Exception as exc:
+                        await self._failed(item_id, raw, exc)
+                    else:
+                        await self._outbox.release([item_id])
+                        self._attempts.pop(item_id, None)
+                log.info("held_findings_written", extra={"count": written})
+                return done + written
+            await self._outbox.release([item_id for item_id, _, _ in held])
+            for item_id, _, _ in held:
+                self._attempts.pop(item_id, None)
+            done += written
+            log.info("held_findings_written", extra={"count": written})
+
+    async def _write_held(self, drafts: list[FindingDraft]) -> int:
+        drafts = await self._unpurged(drafts)  # held before their tenant was purged: not written
+        if drafts:
+            await self._upsert(drafts)
+        return len(drafts)
+
+    async def _failed(self, item_id: str, raw: bytes, exc: Exception) -> None:
+        """Count a failed write of one held finding; past ``max_attempts``, move it aside."""
+        metrics.FINDINGS_OUTBOX_FAILURES.inc()
+        attempts = self._attempts[item_id] = self._attempts.get(item_id, 0) + 1
+        if attempts < self.max_attempts:
+            log.warning(
+                "held_finding_failed", extra={"item": item_id, "attempts": attempts, "exc_type": type(exc).__name__}
+            )
+            return
+        self._attempts.pop(item_id, None)
+        await self._outbox.bury(item_id, raw, f"{type(exc).__name__}: {str(exc)[:200]}")
+        metrics.FINDINGS_DEAD_LETTERS.inc()
+        log.error(
+            "held_finding_dead_letter", extra={"item": item_id, "attempts": attempts, "exc_type": type(exc).__name__}
+        )
+
+    async def expire_dead(self, now: float) -> int:
+        """Delete dead letters older than ``dead_letter_seconds``: kept to be requeued after a fix,
+        not forever."""
+        expired = await self._outbox.expire_dead(now - self._dead_letter_seconds)
+        if expired:
+            metrics.DEAD_LETTERS_EXPIRED.labels("findings").inc(expired)
+            log.warning("held_findings_dead_letters_expired", extra={"count": expired})
+        return expired
 
     async def tick(self) -> None:
-        """One round for ``Periodic``: export the outbox's length; write what waits in it."""
+        """One round for ``Periodic``: export the outbox's length; expire old dead letters; write what
+        waits in it."""
+        await self.expire_dead(time.time())
         waiting = await self._outbox.size()
         metrics.FINDINGS_OUTBOX.set(waiting)
         if waiting:

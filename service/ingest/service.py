@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics, tracing
 from service.auth.keys import Caller
-from service.errors import ApiError, Forbidden, Unavailable
+from service.errors import ApiError, Forbidden, TooManyNewTenants, Unavailable
 from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest import envelope
@@ -93,7 +93,9 @@ class Ingestor:
         limits: Limits,
         writer: FindingsWriter | None = None,
         queue_max_batches: int = 1_000,
+        queue_max_bytes: int = 0,
     ) -> None:
+        self.queue_max_bytes = queue_max_bytes
         self._index = index
         self._queue = index.queue()
         self.queue_max_batches = queue_max_batches
@@ -142,6 +144,22 @@ class Ingestor:
             first_error = first_error or gone
             results[i] = ExchangeResult(status="rejected", error=gone.error, detail=gone.detail)
         valid = [(i, ex) for i, ex in valid if i not in late]
+        if self.limits.new_tenants_per_minute and valid:
+            over = await self._index.admit_new_tenants(
+                caller.key_id, [ex.tenant for _, ex in valid], self.limits.new_tenants_per_minute, now
+            )
+            for i, ex in valid:
+                if ex.tenant in over:
+                    limited = TooManyNewTenants(
+                        f"exchanges[{i}].tenant: this API key sent more than {self.limits.new_tenants_per_minute} "
+                        "tenants not seen before this minute; retry next minute, or raise "
+                        "BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE",
+                        headers={"Retry-After": str(60 - int(now) % 60)},
+                    )
+                    metrics.EXCHANGES_REJECTED.labels(limited.error).inc()
+                    first_error = first_error or limited
+                    results[i] = ExchangeResult(status="rejected", error=limited.error, detail=limited.detail)
+            valid = [(i, ex) for i, ex in valid if ex.tenant not in over]
         if not valid and first_error is not None:
             raise first_error
         done = await self._index.done([_idempotency_key(ex) for _, ex in valid], now)
@@ -161,11 +179,14 @@ class Ingestor:
             body = orjson.dumps({"exchanges": [_wire(raw[i]) for i, _ in fresh]})
         first = await self._index.new_doc_refs(2 * len(fresh))  # refs at acceptance: service/ingest/envelope.py
         refs = [first + 2 * j for j in range(len(fresh))]
-        item_id = await self._queue.put(envelope.wrap(current_request_id(), refs, body), self.queue_max_batches)
+        wrapped = envelope.wrap(current_request_id(), refs, body)
+        item_id = await self._queue.put(wrapped, self.queue_max_batches, self.queue_max_bytes)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
+            bound = f" or {self.queue_max_bytes} bytes" if self.queue_max_bytes else ""
             raise Unavailable(
-                f"the ingest queue is full ({self.queue_max_batches} batches wait to be processed); "
+                f"the ingest queue is full (at most {self.queue_max_batches} batches{bound} wait to be processed: "
+                "BLEEDWATCH_INGEST_QUEUE_MAX_BATCHES, BLEEDWATCH_INGEST_QUEUE_MAX_BYTES); "
                 "retry later, nothing of this batch was kept",
                 headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)},
             )

@@ -9,7 +9,9 @@ in the queue's pending list: while Redis or the database is unreachable its work
 if its replica dies, another one reclaims it once it has been idle ``reclaim_seconds`` (a live
 worker holds its batch, however long it takes). A batch whose processing raises anything else
 is a bug's victim: it is retried on later deliveries and after ``MAX_DELIVERIES`` moved to the
-dead letters (``bleedwatch_ingest_dead_letters_total``), never dropped silently. No error ends
+dead letters (``bleedwatch_ingest_dead_letters_total``), never dropped silently; a dead letter
+nobody requeues is deleted after ``dead_letter_seconds`` and counted
+(``bleedwatch_dead_letters_expired_total``). No error ends
 a worker: one that died would leave its replica taking batches with fewer hands and nobody told.
 """
 
@@ -40,6 +42,7 @@ MAX_DELIVERIES = 5
 TAKE_BLOCK_SECONDS = 1.0
 RECOVER_SECONDS = 2.0
 RECLAIM_COUNT = 10
+DEFAULT_DEAD_LETTER_SECONDS = 7 * 86400.0  # BLEEDWATCH_DEAD_LETTER_RETENTION_SECONDS
 
 
 def enqueued_at(item_id: str) -> float:
@@ -55,7 +58,9 @@ class IngestWorker:
         concurrency: int,
         reclaim_seconds: float,
         consumer: str | None = None,
+        dead_letter_seconds: float = DEFAULT_DEAD_LETTER_SECONDS,
     ) -> None:
+        self._dead_letter_seconds = dead_letter_seconds
         self._ingestor = ingestor
         self._queue = queue
         self._concurrency = concurrency
@@ -185,12 +190,24 @@ class IngestWorker:
         metrics.INGEST_DEAD_LETTERS.inc()
         log.error("ingest_dead_letter", extra={"item": item_id, "deliveries": deliveries, "reason": reason})
 
+    async def expire_dead(self, now: float) -> int:
+        """Delete dead letters older than ``dead_letter_seconds``: kept for an operator to requeue after
+        a fix, but not forever, or a steady stream of poison batches would fill Redis."""
+        expired = await self._queue.expire_dead(now - self._dead_letter_seconds)
+        if expired:
+            metrics.DEAD_LETTERS_EXPIRED.labels("ingest").inc(expired)
+            log.warning("ingest_dead_letters_expired", extra={"count": expired})
+        return expired
+
     async def _recover(self) -> None:
-        """One ``Periodic`` round: export the queue's depth; take over batches abandoned by a dead replica."""
+        """One ``Periodic`` round: export the queue's depth; take over batches abandoned by a dead
+        replica; then export its bytes and expire old dead letters."""
         metrics.INGEST_QUEUE.set(await self._queue.size())
         for item_id, item, deliveries in await self._queue.reclaim(self.consumer, self._reclaim_seconds, RECLAIM_COUNT):
             log.warning("ingest_reclaimed", extra={"item": item_id, "deliveries": deliveries})
             await self._handle(item_id, item, deliveries)
+        metrics.INGEST_QUEUE_BYTES.set(await self._queue.byte_size())
+        await self.expire_dead(time.time())
 
 
 def _reason(exc: Exception) -> str:
@@ -200,7 +217,8 @@ def _reason(exc: Exception) -> str:
 
 
 async def queue_command(command: str) -> int:
-    """``bleedwatch queue status|requeue-dead``, against BLEEDWATCH_REDIS_URL."""
+    """``bleedwatch queue status|requeue-dead``, against BLEEDWATCH_REDIS_URL: the ingest queue's
+    dead letters and the findings outbox's (held findings the database kept refusing) alike."""
     from service.app import make_index
     from service.config import Settings
 
@@ -209,14 +227,19 @@ async def queue_command(command: str) -> int:
         print("the embedded queue lives in the server's process: nothing to inspect from here")
         return 1
     index = make_index(settings)
-    queue = index.queue()
+    queue, outbox = index.queue(), index.outbox()
     try:
         if command == "requeue-dead":
             moved = 0
             while batch := await queue.requeue_dead(RECLAIM_COUNT * 10):
                 moved += batch
             print(f"{moved} dead letters put back in the queue")
+            moved = 0
+            while batch := await outbox.requeue_dead(RECLAIM_COUNT * 10):
+                moved += batch
+            print(f"{moved} held findings put back in the findings outbox")
         print(f"{await queue.size()} batches queued, {await queue.dead_size()} dead letters")
+        print(f"{await outbox.size()} findings held, {await outbox.dead_size()} dead letters")
     finally:
         await index.close()
     return 0
