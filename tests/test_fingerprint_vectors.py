@@ -28,7 +28,7 @@ from service.fingerprint.scheme import (
     token_hashes,
     winnow,
 )
-from service.fingerprint.tokens import _token_patterns, normalize, tokenize
+from service.fingerprint.tokens import _token_patterns, normalize, tokenize, utf8_tokens
 from service.sdk.exchange import fingerprint_exchange
 from tests import fingerprint_reference as ref
 
@@ -168,7 +168,11 @@ def test_character_classes_agree_on_every_code_point() -> None:
 
 def test_tokens_agree_on_every_code_point() -> None:
     text = " ".join(_all_code_points())
-    assert tokenize(text) == ref.tokenize(text)
+    tokens = ref.tokenize(text)
+    assert tokenize(text) == tokens
+    assert utf8_tokens(text) == [t.encode() for t in tokens]
+    glued = "".join(_all_code_points())  # no spaces: pieces of ASCII and non-ASCII side by side
+    assert utf8_tokens(glued) == [t.encode() for t in ref.tokenize(glued)]
 
 
 # Characters where implementations tend to go wrong, mixed into otherwise random text.
@@ -203,6 +207,7 @@ def test_reference_and_service_agree(text: str, key: bytes, n: int, w: int, samp
     r = ref.fingerprint(text, key, n, w, sample_after, sample_mod)
     assert normalize(text) == r.normalized
     assert tokenize(text) == r.tokens
+    assert utf8_tokens(text) == [t.encode() for t in r.tokens]
     fp = fingerprint_text(text, key, params)
     assert fp.offsets.tolist() == r.offsets
     assert fp.values.tolist() == r.values

@@ -84,3 +84,36 @@ def tokenize(text: str) -> list[str]:
     fast, full = _token_patterns()
     normal = normalize(text)
     return (full if _ASTRAL.search(normal) else fast).findall(normal)
+
+
+# ASCII letters and digits are the only ASCII word characters; every other ASCII byte ends a token.
+_ASCII_SPLIT = bytes(c if chr(c).isascii() and chr(c).isalnum() else 0x20 for c in range(128)) + bytes(range(128, 256))
+
+
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+
+
+def utf8_tokens(text: str) -> list[bytes]:
+    """``[t.encode() for t in tokenize(text)]``, twice as fast on mostly-ASCII text.
+
+    No token crosses an ASCII character that is not a letter or digit, so the UTF-8 bytes are
+    cut there with ``bytes.translate`` and ``split`` (both in C, no per-character regex step),
+    and only the pieces that hold non-ASCII characters go through the tokeniser's pattern.
+    UTF-8 encodes non-ASCII characters with bytes >= 0x80 only, so the cut never splits one.
+    """
+    cut = normalize(text).encode().translate(_ASCII_SPLIT)
+    if _NON_ASCII.search(cut) is None:
+        return cut.split()
+    fast, full = _token_patterns()
+    tokens: list[bytes] = []
+    done = 0
+    while (found := _NON_ASCII.search(cut, done)) is not None:
+        start = cut.rfind(b" ", done, found.start()) + 1
+        end = cut.find(b" ", found.end())
+        end = len(cut) if end < 0 else end
+        tokens += cut[done:start].split()
+        piece = cut[start:end].decode()
+        tokens += (t.encode() for t in (full if _ASTRAL.search(piece) else fast).findall(piece))
+        done = end
+    tokens += cut[done:].split()
+    return tokens
