@@ -1,9 +1,11 @@
-"""``bleedwatch``: serve, work, migrate, replay, allowlist, canary, keys, prune, tenants, queue, demo."""
+"""``bleedwatch``: serve, work, migrate, replay, allowlist, canary, keys, prune, tenants, queue, incidents,
+findings, completion, demo."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import sys
 import tempfile
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from service.auth.keys import Role
 from service.fingerprint.scheme import DEFAULT_PARAMS
+from service.responder import add_parsers as add_responder_parsers
 from service.sim.cli import add_parser as add_sim_parser
 
 
@@ -105,7 +108,22 @@ def _prune(args: argparse.Namespace) -> int:
 def _tenants(args: argparse.Namespace) -> int:
     from service.retention.cli import run_purge
 
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("purging cannot be undone: add --yes to purge without a prompt", file=sys.stderr)
+            return 2
+        answer = input(f"purge everything held about tenant {args.tenant!r}? It cannot be undone. Type its name: ")
+        if answer.strip() != args.tenant:
+            print("not purged", file=sys.stderr)
+            return 1
     return asyncio.run(run_purge(args))
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(parser(), shell=args.shell))
+    return 0
 
 
 def _queue(args: argparse.Namespace) -> int:
@@ -211,6 +229,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bleedwatch", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version('bleedwatch')}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the API (settings from BLEEDWATCH_* variables)")
@@ -280,6 +299,7 @@ def parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="tenants_command", required=True)
     tp = tsub.add_parser("purge")
     tp.add_argument("tenant")
+    tp.add_argument("--yes", action="store_true", help="no confirmation prompt (scripts)")
     t.set_defaults(func=_tenants)
 
     q = sub.add_parser("queue", help="the ingest queue: batches waiting, and dead letters to put back")
@@ -292,6 +312,13 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")
     d.set_defaults(func=_demo)
 
+    add_responder_parsers(sub)
+    co = sub.add_parser(
+        "completion",
+        help="print a shell completion script, e.g. bleedwatch completion bash > /etc/bash_completion.d/bleedwatch",
+    )
+    co.add_argument("shell", choices=["bash", "zsh", "tcsh"])
+    co.set_defaults(func=_completion)
     add_sim_parser(sub)
     return p
 

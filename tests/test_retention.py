@@ -142,7 +142,7 @@ async def test_purge_and_prune_from_the_cli(
         monkeypatch.setenv("BLEEDWATCH_DATABASE_URL", settings.database_url)
         monkeypatch.setenv("BLEEDWATCH_REDIS_URL", str(settings.redis_url))
         monkeypatch.setenv("BLEEDWATCH_KEY_PREFIX", settings.key_prefix)
-    assert await asyncio.to_thread(main, ["tenants", "purge", "globex"]) == 0
+    assert await asyncio.to_thread(main, ["tenants", "purge", "globex", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "1 findings deleted" in out
     assert "1 incidents deleted" in out
