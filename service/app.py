@@ -122,7 +122,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.configure(settings)
         audit.configure(settings)
         metrics.instrument_engine(engine)
-        tracing.configure(settings.tracing)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
@@ -283,6 +282,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await metrics.INDEX_STATS.refresh(deps.index)
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
+    tracing.configure(settings.tracing, app)  # before the first call builds the middleware stack
     return app
 
 

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
+import sqlalchemy.ext.asyncio
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, TypeDecorator
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import DeclarativeBase
 
 from service.config import Settings
@@ -60,10 +61,13 @@ def utcnow() -> datetime:
 
 def make_engine(settings: Settings) -> AsyncEngine:
     url = settings.sqlalchemy_url(asynchronous=True)
+    # Called through the module, where the tracing instrumentation wraps it (service/tracing.py).
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        return create_async_engine(url, connect_args={"timeout": 30})
-    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_timeout=10)
+        return sqlalchemy.ext.asyncio.create_async_engine(url, connect_args={"timeout": 30})
+    return sqlalchemy.ext.asyncio.create_async_engine(
+        url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_timeout=10
+    )
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

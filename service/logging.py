@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import metrics
+from service import metrics, tracing
 
 REQUEST_ID_HEADER = "x-request-id"
 # An incoming X-Request-Id is kept only if it looks like an id; anything else gets a fresh one.
@@ -56,7 +56,8 @@ def request_id_bound(request_id: str | None) -> Iterator[None]:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ts, level, logger, event, http_request_id, then the extra fields."""
+    """One JSON object per record: ts, level, logger, event, http_request_id, trace_id and span_id (in a
+    traced span), then the extra fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -68,6 +69,9 @@ class JsonFormatter(logging.Formatter):
         request_id = _request_id.get()
         if request_id is not None:
             out["http_request_id"] = request_id
+        trace = tracing.current_ids()
+        if trace is not None:
+            out["trace_id"], out["span_id"] = trace
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and not key.startswith("_"):
                 out[key] = value

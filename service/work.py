@@ -57,7 +57,6 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
         audit.configure(settings)  # incident events name tenants by their digest, as the API's do
         metrics.configure(settings)
         metrics.instrument_engine(engine)
-        tracing.configure(settings.tracing)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         # Findings join incidents in the session that stores them; the API replicas send the webhooks.
@@ -126,4 +125,5 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
+    tracing.configure(settings.tracing, app)  # before the first call builds the middleware stack
     return app

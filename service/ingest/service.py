@@ -179,7 +179,7 @@ class Ingestor:
             body = orjson.dumps({"exchanges": [_wire(raw[i]) for i, _ in fresh]})
         first = await self._index.new_doc_refs(2 * len(fresh))  # refs at acceptance: service/ingest/envelope.py
         refs = [first + 2 * j for j in range(len(fresh))]
-        wrapped = envelope.wrap(current_request_id(), refs, body)
+        wrapped = envelope.wrap(envelope.origin(current_request_id(), tracing.traceparent()), refs, body)
         item_id = await self._queue.put(wrapped, self.queue_max_batches, self.queue_max_bytes)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
@@ -227,8 +227,10 @@ class Ingestor:
 
     async def process(self, item: bytes) -> IngestResult:
         """Index and match one accepted batch; validated by ``accept``, so nothing here refuses it."""
-        request_id, refs, body = envelope.unwrap(item)
-        with request_id_bound(request_id.decode() or None):  # logs and incident timelines name the request
+        first_line, refs, body = envelope.unwrap(item)
+        request_id, traceparent = envelope.parse_origin(first_line)
+        # Logs and incident timelines name the accepting request; spans join its trace.
+        with request_id_bound(request_id), tracing.resumed(traceparent):
             return await self._process(Batch.model_validate_json(body), refs)
 
     @tracing.traced("ingest")
