@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     webhook_poll_seconds: float = Field(2.0, gt=0)
     # Where responders reach this API, for links in webhooks (e.g. https://bleedwatch.example.net).
     public_url: str | None = Field(None, pattern=r"^https?://")
+    # Base of the alerts' runbook_url (<base>/runbooks/<name>.md) and dashboard_url (<base>/d/<uid>):
+    # exported as bleedwatch_alert_links_info, which the rules' templates read (rule files cannot
+    # read settings). docs/metrics.md#links-in-alerts.
+    alert_links_url: str | None = Field(None, pattern=r"^https?://\S*[^/\s]$")
 
     # Retention of what the database holds, pruned by one replica at a time every prune_interval_seconds.
     findings_retention_days: int = Field(90, ge=1, le=36500)

@@ -231,6 +231,10 @@ REDIS_PERSISTENCE_OK = Gauge(
 )
 # BLEEDWATCH_RETENTION_SECONDS: fingerprints stay matchable at least this long.
 RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index.", multiprocess_mode="max")
+# BLEEDWATCH_ALERT_LINKS_URL as a label, value 1: the alert rules build absolute runbook and dashboard links from it.
+ALERT_LINKS = Gauge(
+    "bleedwatch_alert_links_info", "Base URL of the alerts' links.", ["base_url"], multiprocess_mode="max"
+)
 
 # --- HTTP -------------------------------------------------------------------------------------
 # Every HTTP response, by method, route template ("unmatched": no route fits the path) and status code.
@@ -297,6 +301,8 @@ def configure(settings: Settings) -> None:
     MODELS.enabled, MODELS.limit = settings.metrics_model_label, settings.metrics_max_models
     NODES.enabled, NODES.limit = settings.metrics_node_labels, settings.metrics_max_nodes
     RETENTION.set(settings.retention_seconds)
+    if settings.alert_links_url is not None:
+        ALERT_LINKS.labels(settings.alert_links_url).set(1)
     REDIS_PERSISTENCE_OK.set(0)  # until Redis says otherwise; the embedded in-process index keeps nothing
 
 

@@ -6,9 +6,18 @@ import re
 
 import yaml
 
-from tests.observability import ROOT, RULE_TESTS, RULES, alert_rules, need, run
+from service import metrics
+from service.config import Settings
+from tests.observability import DASHBOARDS, ROOT, RULE_TESTS, RULES, alert_rules, load_dashboard, need, run
 
 SEVERITIES = {"critical", "warning"}
+DASHBOARD_UIDS = {load_dashboard(p)["uid"] for p in DASHBOARDS}
+# The base of every link, BLEEDWATCH_ALERT_LINKS_URL as bleedwatch exports it (docs/metrics.md#links-in-alerts).
+LINKS = (
+    '{{ with query "max by (base_url) (bleedwatch_alert_links_info) or (max by (base_url) '
+    '(last_over_time(bleedwatch_alert_links_info[1d])) unless on () bleedwatch_alert_links_info)" }}'
+    '{{ . | first | label "base_url" }}{{ end }}'
+)
 
 
 def test_rules_pass_promtool_check() -> None:
@@ -44,9 +53,28 @@ def test_every_alert_says_how_urgent_what_and_where_the_runbook_is() -> None:
         assert annotations.get("summary"), name
         assert annotations.get("description"), name
         url = annotations.get("runbook_url", "")
-        assert re.fullmatch(r"docs/runbooks/[a-z-]+\.md", url), f"{name}: runbook_url {url!r}"
-        assert (ROOT / url).is_file(), f"{name}: {url} does not exist"
-        assert name in (ROOT / url).read_text(), f"{url} does not mention {name}"
+        match = re.fullmatch(re.escape(LINKS) + r"/runbooks/([a-z-]+\.md)", url)
+        assert match, f"{name}: runbook_url {url!r}"
+        runbook = ROOT / "docs" / "runbooks" / match.group(1)
+        assert runbook.is_file(), f"{name}: {runbook} does not exist"
+        assert name in runbook.read_text(), f"{runbook} does not mention {name}"
+        dashboard = annotations.get("dashboard_url", "")
+        match = re.fullmatch(re.escape(LINKS) + r"/d/([a-z-]+)", dashboard)
+        assert match, f"{name}: dashboard_url {dashboard!r}"
+        assert match.group(1) in DASHBOARD_UIDS, f"{name}: no dashboard {match.group(1)}"
+        assert "model" in annotations["summary"], f"{name}: the summary does not name the model"
+        assert "deployment" in annotations["summary"], f"{name}: the summary does not name the deployment"
+
+
+def test_the_links_come_from_the_one_setting_every_deployment_sets() -> None:
+    assert metrics.ALERT_LINKS._name == "bleedwatch_alert_links_info"  # what LINKS queries
+    assert "BLEEDWATCH_ALERT_LINKS_URL" in {f"BLEEDWATCH_{n.upper()}" for n in Settings.model_fields}
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for service in ("bleedwatch", "bleedwatch-worker"):
+        assert "BLEEDWATCH_ALERT_LINKS_URL" in compose["services"][service]["environment"], service
+    configmap = ROOT / "deploy" / "kubernetes" / "base" / "configmap.yaml"
+    assert "BLEEDWATCH_ALERT_LINKS_URL" in yaml.safe_load(configmap.read_text())["data"]
+    assert "BLEEDWATCH_ALERT_LINKS_URL" in (ROOT / ".env.example").read_text()
 
 
 def test_leak_runbooks_tell_on_call_to_pull_the_model() -> None:

@@ -164,6 +164,15 @@ def test_model_label_can_be_turned_off(caps: tuple[metrics.LabelCap, ...]) -> No
     assert REGISTRY.get_sample_value("bleedwatch_findings_by_model_total", {"model": model, "severity": "high"}) is None
 
 
+def test_the_alert_links_base_is_exported_for_the_rules() -> None:
+    """The alert rules build runbook_url and dashboard_url from this series (docs/metrics.md#links-in-alerts)."""
+    url = "https://oncall.example.net/bleedwatch"
+    metrics.configure(Settings(alert_links_url=url))
+    assert REGISTRY.get_sample_value("bleedwatch_alert_links_info", {"base_url": url}) == 1
+    with pytest.raises(ValueError, match="alert_links_url"):
+        Settings(alert_links_url=url + "/")  # the rules append "/runbooks/...": no double slash
+
+
 def test_a_finding_feeds_latency_prompt_length_and_canaries(caps: tuple[metrics.LabelCap, ...]) -> None:
     latency = _value("bleedwatch_detection_latency_seconds_count")
     long_prompts = _value("bleedwatch_finding_prompt_tokens_bucket", {"le": "786432.0"}) - _value(
@@ -280,5 +289,6 @@ def test_several_workers_export_the_same_series_without_pid_labels(tmp_path: Pat
     assert documented_metrics() - exported <= {
         "bleedwatch_findings_by_model_total",
         "bleedwatch_findings_by_node_total",
+        "bleedwatch_alert_links_info",  # only with BLEEDWATCH_ALERT_LINKS_URL set
     }
     assert 'bleedwatch_open_incidents{severity="critical"} 0.0' in out

@@ -58,6 +58,9 @@ class Prometheus:
         return result
 
 
+LINKS_URL = "https://oncall.example.net/bleedwatch"
+
+
 def wait_for(what: str, check: Callable[[], T | None], deadline: float) -> T:
     while True:
         value = check()
@@ -78,7 +81,13 @@ async def _ingest_key(settings: Settings) -> str:
 
 @pytest.fixture
 def bleedwatch(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    settings = Settings(redis_url=None, database_url=None, data_dir=tmp_path / "data", metrics_node_labels=True)
+    settings = Settings(
+        redis_url=None,
+        database_url=None,
+        data_dir=tmp_path / "data",
+        metrics_node_labels=True,
+        alert_links_url=LINKS_URL,
+    )
     upgrade(settings)
     token = asyncio.run(_ingest_key(settings))
     with local_server(create_app(settings)) as url:
@@ -183,13 +192,21 @@ def test_every_dashboard_and_rule_expression_evaluates_against_real_prometheus(
 
     wait_for("the finding to be scraped", leak_scraped, deadline)
 
-    def leak_alert_firing() -> bool:
+    def leak_alert_firing() -> dict[str, Any] | None:
         alerts = prometheus.http.get("/api/v1/alerts").json()["data"]["alerts"]
-        return any(
-            a["labels"]["alertname"] == "BleedwatchCrossTenantLeakSuspected" and a["state"] == "firing" for a in alerts
-        )
+        firing = [
+            a
+            for a in alerts
+            if a["labels"]["alertname"] == "BleedwatchCrossTenantLeakSuspected" and a["state"] == "firing"
+        ]
+        return firing[0] if firing else None
 
-    wait_for("BleedwatchCrossTenantLeakSuspected to fire", leak_alert_firing, deadline)
+    alert = wait_for("BleedwatchCrossTenantLeakSuspected to fire", leak_alert_firing, deadline)
+    # What the pager gets: the model and deployment named, links absolute from BLEEDWATCH_ALERT_LINKS_URL.
+    annotations = alert["annotations"]
+    assert annotations["summary"].endswith("(model: m-1m; deployment: pd-eu-1)"), annotations["summary"]
+    assert annotations["runbook_url"] == f"{LINKS_URL}/runbooks/cross-tenant-leak.md"
+    assert annotations["dashboard_url"] == f"{LINKS_URL}/d/bleedwatch-leaks"
 
     exported = exported_names(exposition)
     expressions = all_expressions()
