@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -77,9 +80,56 @@ def command_usec(nodes: list[redis.Redis]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def redis_cpu(nodes: list[redis.Redis]) -> float:
-    """CPU seconds the Redis servers have used, summed over the nodes."""
-    return sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in (n.info("cpu") for n in nodes))
+def redis_cpu(nodes: list[redis.Redis]) -> list[float]:
+    """CPU seconds each Redis server (each master of a cluster) has used."""
+    return [float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in (n.info("cpu") for n in nodes)]
+
+
+def load_process(
+    share: list[tuple[bytes, int, int]], port: int, token: str, args: argparse.Namespace, start: Any, out: Any
+) -> None:
+    """One of ``--load-processes``: its share of the batches, on connections of its own, from ``start``."""
+
+    async def run() -> list[float]:
+        n = args.load_processes
+        connections = max(1, max(args.concurrency, args.connections) // n)
+        async with Poster("127.0.0.1", port, token, connections, respond_async=not args.wait) as poster:
+            wire = [(poster.request(body), count, fps) for body, count, fps in share]
+            start.wait()
+            if args.rate > 0:
+                return await open_loop(poster, wire, args.rate / n)
+            return await closed_loop(poster, wire, max(1, args.concurrency // n))
+
+    out.send(uvloop.run(run()))
+    out.close()
+
+
+async def several(
+    timed: list[tuple[bytes, int, int]], port: int, token: str, args: argparse.Namespace
+) -> tuple[list[float], float]:
+    """``--load-processes`` > 1: the timed batches dealt round-robin to that many forked processes,
+    released together; their latencies, and the CPU seconds they used."""
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(args.load_processes + 1)
+    procs, pipes = [], []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for i in range(args.load_processes):
+        mine = timed[i :: args.load_processes]
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=load_process, args=(mine, port, token, args, start, send))  # forked: not copied
+        proc.start()
+        procs.append(proc)
+        pipes.append(receive)
+    await asyncio.to_thread(start.wait)
+    latencies: list[float] = []
+    for receive in pipes:
+        latencies += await asyncio.to_thread(receive.recv)
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError(f"a load process failed (exit {proc.exitcode})")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return latencies, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 SLOW: list[tuple[float, float, int]] = []  # open loop: (latency, scheduled at, fingerprints) of each batch
@@ -197,6 +247,12 @@ def main() -> None:
     p.add_argument(
         "--cluster-masters", type=int, default=0, help="a Redis Cluster of this many masters (at least 3) of its own"
     )
+    p.add_argument(
+        "--load-processes",
+        type=int,
+        default=1,
+        help="post from this many processes (batches dealt round-robin), so the load generator is not the limit",
+    )
     args = p.parse_args()
 
     mix = Mix(tenants=args.tenants, long_share=args.long_share)
@@ -240,7 +296,7 @@ def main() -> None:
         answered = 0.0
         lag: dict[str, list[tuple[float, float]]] = {}
 
-        async def run() -> tuple[list[float], float, float, float, float]:
+        async def run() -> tuple[list[float], float, float, list[float], float]:
             nonlocal answered
             connections = max(args.concurrency, args.connections)
             async with Poster("127.0.0.1", port, token, connections, respond_async=not args.wait) as poster:
@@ -253,7 +309,10 @@ def main() -> None:
                 commands.update(command_usec(nodes))
                 cpu_self = time.process_time()
                 start = time.perf_counter()
-                if args.rate > 0:
+                cpu_loaders = 0.0
+                if args.load_processes > 1:
+                    latencies, cpu_loaders = await several(timed, port, token, args)
+                elif args.rate > 0:
                     latencies = await open_loop(poster, wire, args.rate)
                 else:
                     latencies = await closed_loop(poster, wire, args.concurrency)
@@ -269,11 +328,12 @@ def main() -> None:
                     latencies,
                     elapsed,
                     sum(cpu_seconds(pid) for pid in pids) - cpu_service,
-                    redis_cpu(nodes) - cpu_redis,
-                    time.process_time() - cpu_self,
+                    [after - before for before, after in zip(cpu_redis, redis_cpu(nodes), strict=True)],
+                    time.process_time() - cpu_self + cpu_loaders,
                 )
 
-        latencies, elapsed, cpu_service, cpu_redis, cpu_self = uvloop.run(run())
+        latencies, elapsed, cpu_service, cpu_per_node, cpu_self = uvloop.run(run())
+        cpu_redis = sum(cpu_per_node)
         found = all_findings(service.url, reader)
         ceiling = redis_ceiling(service.redis_url, cluster=args.cluster_masters > 0)
     latencies.sort()
@@ -320,9 +380,10 @@ def main() -> None:
             f"    other: {f['recipient_request_id']} <- {f['source_request_ids']}, {f['matched_fingerprints']} "
             f"fingerprints, run {f['longest_run_words']} tokens, score {f['score']}"
         )
+    per_master = " + ".join(f"{c / elapsed:.2f}" for c in cpu_per_node)
     print(
-        f"  CPU: service {cpu_service / elapsed:.2f} cores, Redis {cpu_redis / elapsed:.2f}, "
-        f"load generator {cpu_self / elapsed:.2f} (of 2)"
+        f"  CPU: service {cpu_service / elapsed:.2f} cores, Redis {cpu_redis / elapsed:.2f} ({per_master} by master), "
+        f"load generator {cpu_self / elapsed:.2f} ({args.load_processes} process(es)), of {os.cpu_count()}"
     )
     busiest = sorted(commands.items(), key=lambda kv: -kv[1][1])[:4]
     print(
@@ -352,7 +413,18 @@ def main() -> None:
                 "p99_ms": percentile(latencies, 0.99) * 1000,
                 "queued_p99_s": queued_p99,
                 "findings": findings,
+                "leaks": len(leaks),
+                "leaks_found": len(caught),
+                "other_findings": len(others),
                 "redis_set_ceiling": ceiling,
+                "masters": max(1, args.cluster_masters),
+                "cluster": args.cluster_masters > 0,
+                "load_processes": args.load_processes,
+                "cpus": os.cpu_count(),
+                "service_cpu_cores": cpu_service / elapsed,
+                "redis_cpu_cores": cpu_redis / elapsed,
+                "redis_cpu_cores_by_master": [c / elapsed for c in cpu_per_node],
+                "load_cpu_cores": cpu_self / elapsed,
             }
         ).decode()
     )
