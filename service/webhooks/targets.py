@@ -16,7 +16,7 @@ import base64
 import binascii
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -67,19 +67,18 @@ _TARGETS: TypeAdapter[list[TargetConfig]] = TypeAdapter(list[TargetConfig])
 SETTING = "BLEEDWATCH_PAGING_TARGETS"
 
 
-def _where(loc: tuple[int | str, ...], raw: object) -> str:
-    """``[1] (slack "ops") url_env`` from a pydantic error location, for an operator's eyes."""
+def _which(loc: tuple[int | str, ...], raw: object) -> str:
+    """``[1] (slack 'ops')``: the target a pydantic error is about, as an operator would find it."""
     if not loc or not isinstance(loc[0], int):
         return ""
-    index, rest = loc[0], [str(part) for part in loc[2:]]  # loc[1] is the discriminator's value
-    name = ""
+    index = loc[0]
     if isinstance(raw, list) and index < len(raw) and isinstance(raw[index], dict):
         kind, label = raw[index].get("type"), raw[index].get("name")
-        name = f" ({kind} {label!r})" if label else f" ({kind})" if kind else ""
-    return f"[{index}]{name}{' ' + '.'.join(rest) if rest else ''}"
+        return f"[{index}] ({kind} {label!r})" if label else f"[{index}] ({kind})"
+    return f"[{index}]"
 
 
-def parse(value: str | list[object]) -> tuple[TargetConfig, ...]:
+def parse(value: str | Sequence[object]) -> tuple[TargetConfig, ...]:
     """Targets from the setting's JSON; a ValueError whose message says which target and field is wrong."""
     try:
         raw: object = _TARGETS.validate_json(value) if isinstance(value, str) else _TARGETS.validate_python(value)
@@ -95,10 +94,12 @@ def parse(value: str | list[object]) -> tuple[TargetConfig, ...]:
                 ) from None
         problems = []
         for error in exc.errors(include_url=False):
-            if error["type"] == "union_tag_invalid" or error["type"] == "union_tag_not_found":
-                problems.append(f"{_where(error['loc'], raw_list)} type: one of pagerduty, slack, webhook")
+            which = _which(error["loc"], raw_list)
+            if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+                problems.append(f"{which} type: one of pagerduty, slack, webhook")
             else:
-                problems.append(f"{_where(error['loc'], raw_list)} {error['loc'][-1]}: {error['msg']}")
+                path = ".".join(str(part) for part in error["loc"][2:]) or "target"  # [1] is the type
+                problems.append(f"{which} {path}: {error['msg']}")
         raise ValueError(f"{SETTING}: " + "; ".join(p.strip() for p in problems)) from None
     targets = tuple(raw) if isinstance(raw, list) else ()
     names = [t.name for t in targets]
