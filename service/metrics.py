@@ -21,6 +21,8 @@ import redis.exceptions
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from sqlalchemy import event
 
+from service.webhooks.targets import LEGACY_TARGET
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -307,6 +309,11 @@ def configure(settings: Settings) -> None:
     if settings.alert_links_url is not None:
         ALERT_LINKS.labels(settings.alert_links_url).set(1)
     REDIS_PERSISTENCE_OK.set(0)  # until Redis says otherwise; the embedded in-process index keeps nothing
+    # Every configured paging target's series from 0, so a rate or an alert sees its first failure.
+    targets = [t.name for t in settings.paging_targets] + ([LEGACY_TARGET] if settings.webhook_url else [])
+    for target in targets:
+        for counter in (WEBHOOK_DELIVERIES, WEBHOOK_FAILED_ATTEMPTS, WEBHOOK_GIVEN_UP):
+            counter.labels(target)
 
 
 def _model_label(model: str, *, count_overflow: bool) -> str | None:
