@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from service.auth.keys import Role
+from service.cli import main
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.incidents import grouping
@@ -505,3 +506,13 @@ def test_the_legacy_webhook_keeps_its_name(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("BLEEDWATCH_PAGING_TARGETS")
     (legacy,) = paging_routes(Settings())
     assert (legacy.name, legacy.events) == ("webhook", frozenset({"opened"}))
+
+
+def test_the_cli_says_what_to_fix_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BLEEDWATCH_PAGING_TARGETS", '[{"type": "slack", "name": "ops"}]')
+    assert main(["serve"]) == 2
+    assert (
+        capsys.readouterr().err == "bleedwatch: BLEEDWATCH_PAGING_TARGETS: [0] (slack 'ops') url_env: Field required\n"
+    )
