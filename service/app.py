@@ -54,7 +54,7 @@ from service.ratelimit import make_limiter
 from service.retention.jobs import Retention, RetentionJob
 from service.retention.routes import router as retention_router
 from service.signals.routes import router as signals_router
-from service.webhooks.sender import make_sender
+from service.webhooks.sender import make_sender, paging_routes
 
 RETRY_AFTER_SECONDS = 5
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         risk = RiskMonitor(sessions, load_rules(risk_settings.risk_rules_file), risk_settings.risk_refresh_seconds)
         webhooks = make_sender(sessions, settings)
         # Findings join incidents in the session that stores them (service/incidents/grouping.py).
-        grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, notify=webhooks is not None))
+        grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings)))
         incidents = IncidentMonitor(sessions, settings.incident_refresh_seconds)
         retention = RetentionJob(
             sessions,

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from service.auth.keys import Role
 from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.responder import add_parsers as add_responder_parsers
@@ -325,7 +327,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        # A setting an operator got wrong: what to fix, one line each, not a traceback.
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            named = not where or message.startswith("BLEEDWATCH_")
+            print(f"bleedwatch: {'' if named else f'BLEEDWATCH_{where.upper()}: '}{message}", file=sys.stderr)
+        return 2
     return code
 
 

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.ingest.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
+from service.webhooks import targets as paging
 
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 
@@ -88,6 +89,9 @@ class Settings(BaseSettings):
     webhook_backoff_seconds: float = Field(5.0, gt=0)
     webhook_timeout_seconds: float = Field(10.0, gt=0)
     webhook_poll_seconds: float = Field(2.0, gt=0)
+    # Paging targets (docs/paging.md): a JSON list of PagerDuty, Slack and Standard Webhooks targets,
+    # each routed by severity; secrets are named by environment variable, never inline.
+    paging_targets: Annotated[tuple[paging.TargetConfig, ...], NoDecode] = ()
     # Where responders reach this API, for links in webhooks (e.g. https://bleedwatch.example.net).
     public_url: str | None = Field(None, pattern=r"^https?://")
     # Base of the alerts' runbook_url (<base>/runbooks/<name>.md) and dashboard_url (<base>/d/<uid>):
@@ -138,6 +142,25 @@ class Settings(BaseSettings):
                 "BLEEDWATCH_INGEST_WORKERS=0 needs BLEEDWATCH_REDIS_URL: the embedded queue is processed "
                 "only by the serving process's own workers"
             )
+        return self
+
+    @field_validator("paging_targets", mode="before")
+    @classmethod
+    def _parse_targets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return paging.parse(value) if value.strip() else ()
+        if isinstance(value, list):
+            return paging.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _targets_usable(self) -> Settings:
+        if self.webhook_url is not None and any(t.name == paging.LEGACY_TARGET for t in self.paging_targets):
+            raise ValueError(
+                f"BLEEDWATCH_PAGING_TARGETS: the name {paging.LEGACY_TARGET!r} is BLEEDWATCH_WEBHOOK_URL's; "
+                "rename the target"
+            )
+        paging.check_secrets(self.paging_targets)
         return self
 
     @model_validator(mode="after")

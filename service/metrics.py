@@ -21,6 +21,8 @@ import redis.exceptions
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from sqlalchemy import event
 
+from service.webhooks.targets import LEGACY_TARGET
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -176,12 +178,15 @@ DETECTION_LATENCY = Histogram(
 OPEN_INCIDENTS = Gauge(
     "bleedwatch_open_incidents", "Incidents not yet resolved.", ["severity"], multiprocess_mode="mostrecent"
 )
-# Incident webhooks (service/webhooks/): deliveries answered 2xx.
-WEBHOOK_DELIVERIES = Counter("bleedwatch_webhook_deliveries_total", "Incident webhooks delivered.")
-# Delivery attempts that failed (non-2xx, timeout, connection refused); each is retried with backoff.
-WEBHOOK_FAILED_ATTEMPTS = Counter("bleedwatch_webhook_failed_attempts_total", "Incident webhook attempts failed.")
-# Deliveries given up after BLEEDWATCH_WEBHOOK_MAX_ATTEMPTS (or whose incident was purged meanwhile).
-WEBHOOK_GIVEN_UP = Counter("bleedwatch_webhook_given_up_total", "Incident webhooks given up.")
+# Incident events to paging targets (service/webhooks/), by target name (operator-configured, a handful):
+# deliveries answered 2xx.
+WEBHOOK_DELIVERIES = Counter("bleedwatch_webhook_deliveries_total", "Incident webhooks delivered.", ["target"])
+# Delivery attempts that failed (non-2xx, timeout, connection refused); retried with backoff unless refused for good.
+WEBHOOK_FAILED_ATTEMPTS = Counter(
+    "bleedwatch_webhook_failed_attempts_total", "Incident webhook attempts failed.", ["target"]
+)
+# Deliveries given up after BLEEDWATCH_WEBHOOK_MAX_ATTEMPTS, on a 400/410/413/422, or whose incident was purged.
+WEBHOOK_GIVEN_UP = Counter("bleedwatch_webhook_given_up_total", "Incident webhooks given up.", ["target"])
 # Findings counted under "other" because a label's cap was reached (label: model, node).
 LABEL_OVERFLOW = Counter("bleedwatch_metric_label_overflow_total", "Label values folded into other.", ["label"])
 
@@ -304,6 +309,11 @@ def configure(settings: Settings) -> None:
     if settings.alert_links_url is not None:
         ALERT_LINKS.labels(settings.alert_links_url).set(1)
     REDIS_PERSISTENCE_OK.set(0)  # until Redis says otherwise; the embedded in-process index keeps nothing
+    # Every configured paging target's series from 0, so a rate or an alert sees its first failure.
+    targets = [t.name for t in settings.paging_targets] + ([LEGACY_TARGET] if settings.webhook_url else [])
+    for target in targets:
+        for counter in (WEBHOOK_DELIVERIES, WEBHOOK_FAILED_ATTEMPTS, WEBHOOK_GIVEN_UP):
+            counter.labels(target)
 
 
 def _model_label(model: str, *, count_overflow: bool) -> str | None:

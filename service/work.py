@@ -34,6 +34,7 @@ from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
+from service.webhooks.sender import paging_routes
 
 
 class WorkerUnfit(ValueError):
@@ -60,9 +61,7 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         # Findings join incidents in the session that stores them; the API replicas send the webhooks.
-        grouping.configure(
-            sessions, grouping.Policy(settings.incident_quiet_seconds, notify=settings.webhook_url is not None)
-        )
+        grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings)))
         # A purged tenant's findings are refused; a held finding that keeps failing is moved aside.
         writer = FindingsWriter(
             sessions,

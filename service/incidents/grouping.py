@@ -25,6 +25,7 @@ from service.db import utcnow
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
 from service.logging import current_request_id
 from service.webhooks import outbox
+from service.webhooks.targets import Route
 
 if TYPE_CHECKING:
     from service.matching.matcher import FindingDraft
@@ -39,7 +40,8 @@ _LOCK_NAMESPACE = b"bleedwatch.incident-group"
 @dataclass(frozen=True, slots=True)
 class Policy:
     quiet_seconds: int = 3600
-    notify: bool = False  # queue a webhook delivery for every new incident
+    # Who hears of incident events (service/webhooks/targets.py); empty = nobody, no outbox rows.
+    routes: tuple[Route, ...] = ()
 
 
 def configure(sessions: async_sessionmaker[AsyncSession], policy: Policy) -> None:
@@ -50,6 +52,11 @@ def configure(sessions: async_sessionmaker[AsyncSession], policy: Policy) -> Non
 def policy_of(session: AsyncSession) -> Policy:
     policy = session.info.get(POLICY_KEY)
     return policy if isinstance(policy, Policy) else Policy()
+
+
+async def notify(session: AsyncSession, incident: Incident, event: str) -> None:
+    """Queue ``event`` for the targets that want it, in this transaction (service/webhooks/outbox.py)."""
+    await outbox.enqueue(session, incident.id, incident.severity, event, policy_of(session).routes)
 
 
 def _group_key(model: str, deployment: str | None) -> int:
@@ -129,6 +136,7 @@ async def attach(session: AsyncSession, finding_id: int, draft: FindingDraft) ->
             )
             if incident.severity != before:
                 event(session, incident.id, SYSTEM_ACTOR, "severity", before=before, after=incident.severity)
+                await notify(session, incident, outbox.INCIDENT_ESCALATED)
             await add_tenants(session, incident.id, draft_tenants(draft))
             await session.flush()
             return incident
@@ -153,13 +161,13 @@ async def attach(session: AsyncSession, finding_id: int, draft: FindingDraft) ->
         session.add(incident)
         await session.flush()
         event(session, incident.id, SYSTEM_ACTOR, "opened", finding_id=finding_id, severity=draft.severity)
-        if policy.notify:
-            outbox.enqueue(session, incident.id, outbox.INCIDENT_OPENED)
+        await notify(session, incident, outbox.INCIDENT_OPENED)
     else:
         before = incident.severity
         _absorb(incident, draft)
         if incident.severity != before:
             event(session, incident.id, SYSTEM_ACTOR, "severity", before=before, after=incident.severity)
+            await notify(session, incident, outbox.INCIDENT_ESCALATED)
     incident.finding_count += 1
     session.add(IncidentFinding(finding_id=finding_id, incident_id=incident.id, attached_at=now, false_positive=False))
     event(session, incident.id, SYSTEM_ACTOR, "finding_added", finding_id=finding_id, severity=draft.severity)

@@ -29,8 +29,16 @@ from service.incidents.schemas import (
     Sort,
     Status,
 )
+from service.webhooks import outbox
 
 CLOSED = (Status.RESOLVED, Status.FALSE_POSITIVE)
+# The event a responder's status change sends to paging targets (docs/paging.md).
+STATUS_EVENTS = {
+    Status.ACKNOWLEDGED: outbox.INCIDENT_ACKNOWLEDGED,
+    Status.RESOLVED: outbox.INCIDENT_RESOLVED,
+    Status.FALSE_POSITIVE: outbox.INCIDENT_FALSE_POSITIVE,
+    Status.OPEN: outbox.INCIDENT_REOPENED,
+}
 MAX_DETAIL_FINDINGS = 5000
 _SORT_COLUMNS = {
     "opened_at": Incident.opened_at,
@@ -263,6 +271,7 @@ async def update(session: AsyncSession, incident: Incident, patch: IncidentPatch
         incident.status = after.value
         incident.closed_at = now if after in CLOSED else None
         grouping.event(session, incident.id, by, "status", before=before.value, after=after.value)
+        await grouping.notify(session, incident, STATUS_EVENTS[after])
         touched = True
     if "assignee" in fields and patch.assignee != incident.assignee:
         grouping.event(session, incident.id, by, "assignee", before=incident.assignee, after=patch.assignee)
