@@ -115,6 +115,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     ax_eff.axhline(0.8, color="grey", linestyle="--", label="target 0.8")
     ax_eff.set(xlabel="Redis masters", ylabel="efficiency", ylim=(0, 1.1), title="against masters x one Redis")
     ax_eff.legend()
+    for ax in (ax_rate, ax_eff):
+        ax.set_xticks(sorted(set(masters)))
     cpus = {r.get("cpus") for r in runs}
     fig.suptitle(f"bench/ingest.py on {'/'.join(str(c) for c in sorted(cpus, key=str))} cores")
     fig.tight_layout()
