@@ -181,6 +181,7 @@ async def test_findings_made_while_postgres_is_down_are_written_when_it_is_back(
         more = exchange("tenant-a", "r-a2", words("argparse", 50, 130), words("json", 30, 60), now)
         async with running_api(via_proxy) as api:
             assert (await post(api, source)).status_code == 202
+            assert (await api.client.get("/v1/queue", headers=api.headers(Role.READ))).status_code == 200
 
             proxy.cut()  # PostgreSQL goes away; Redis stays
             answer = await post(api, leak)
@@ -191,6 +192,8 @@ async def test_findings_made_while_postgres_is_down_are_written_when_it_is_back(
             assert (await post(api, leak)).json()["duplicates"] == 1
             outbox = api.client._transport.app.state.deps.index.outbox()  # type: ignore[attr-defined]
             assert await outbox.size() >= 1
+            state = (await api.client.get("/v1/queue", headers=api.headers(Role.READ))).json()  # a known key
+            assert (state["queued"], state["findings_held"] >= 1, state["findings_dead_letters"]) == (0, True, 0)
             ready = await api.client.get("/readyz")
             assert (ready.status_code, ready.json()["checks"]["database"]) == (503, "unreachable")
             assert (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).status_code == 503

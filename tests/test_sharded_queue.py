@@ -178,7 +178,7 @@ async def test_a_worker_killed_in_the_middle_of_a_batch_loses_and_doubles_nothin
                 await asyncio.sleep(0.1)
 
             queue_state = (await api.client.get("/v1/queue", headers=api.headers(Role.READ))).json()
-            assert queue_state == {"queued": 0, "dead_letters": 0}
+            assert queue_state == {"queued": 0, "dead_letters": 0, "findings_held": 0, "findings_dead_letters": 0}
             found = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
             assert sorted((f["recipient_request_id"], f["source_request_ids"]) for f in found) == sorted(
                 (b, [a]) for b, a in leaks.items()

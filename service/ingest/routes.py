@@ -114,13 +114,19 @@ async def ingest_exchanges(
 @router.get(
     "/queue",
     response_model=QueueStatus,
-    summary="Accepted batches waiting to be processed, and dead letters",
+    summary="Accepted batches waiting to be processed, held findings, and their dead letters",
     responses=responses(Unauthorized, Forbidden, Unavailable),
 )
 async def queue_status(deps: Deps, _: Annotated[Caller, Depends(require(*READERS))]) -> QueueStatus:
-    """The queue every replica shares: ``queued`` 0 means everything accepted so far is processed."""
-    queue = deps.index.queue()
-    return QueueStatus(queued=await queue.size(), dead_letters=await queue.dead_size())
+    """The queue every replica shares: ``queued`` 0 means everything accepted so far is processed;
+    and the findings outbox, where findings wait while the database is away."""
+    queue, outbox = deps.index.queue(), deps.index.outbox()
+    return QueueStatus(
+        queued=await queue.size(),
+        dead_letters=await queue.dead_size(),
+        findings_held=await outbox.size(),
+        findings_dead_letters=await outbox.dead_size(),
+    )
 
 
 def _prefers_async(values: list[str]) -> bool:

@@ -124,6 +124,13 @@ class QueueStatus(BaseModel):
         description="Batches that failed processing 5 times: not matched until put back "
         "(bleedwatch queue requeue-dead, docs/runbooks/ingest-backlog.md)."
     )
+    findings_held: int = Field(
+        description="Findings made but not yet written to the database (held while it is unreachable)."
+    )
+    findings_dead_letters: int = Field(
+        description="Held findings the database kept refusing (BLEEDWATCH_FINDINGS_OUTBOX_MAX_ATTEMPTS): "
+        "not written until put back with bleedwatch queue requeue-dead."
+    )
 
 
 class DropReport(BaseModel):
