@@ -14,6 +14,7 @@ from service.deployments import models as _deployment_models  # noqa: F401
 from service.findings import models as _finding_models  # noqa: F401
 from service.incidents import models as _incident_models  # noqa: F401
 from service.signals import models as _signal_models  # noqa: F401
+from service.ui import models as _ui_models  # noqa: F401
 from service.webhooks import models as _webhook_models  # noqa: F401
 
 config = context.config

@@ -54,6 +54,8 @@ from service.ratelimit import make_limiter
 from service.retention.jobs import Retention, RetentionJob
 from service.retention.routes import router as retention_router
 from service.signals.routes import router as signals_router
+from service.ui.routes import UiHeaders
+from service.ui.routes import router as ui_router
 from service.webhooks.sender import make_sender, paging_routes
 
 RETRY_AFTER_SECONDS = 5
@@ -223,6 +225,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(JsonOnly)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_other_bytes=settings.max_other_body_bytes)
     app.add_middleware(AuthGate)  # outside the body limit: the key is checked before the body is read
+    app.add_middleware(UiHeaders)  # CSP and the other security headers on every /ui response
     app.add_middleware(RequestContext)  # outermost: request id, access log, HTTP metrics
 
     @app.exception_handler(redis.exceptions.RedisError)
@@ -249,6 +252,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audit_router)
     app.include_router(keys_router)
     app.include_router(retention_router)
+    app.include_router(ui_router)  # the responder UI: HTML, not in the OpenAPI document
 
     @app.get("/healthz", tags=["health"], summary="The process is alive")
     async def healthz() -> dict[str, str]:

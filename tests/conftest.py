@@ -52,6 +52,13 @@ def _with_schema(url: str, schema: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """asyncio only: the service runs on asyncio, and anyio's own fixture would run every async test
+    on trio too wherever trio is installed (selenium, for the UI's browser test, brings it)."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     schema = f"bw_test_{RUN_ID}"
     try:

@@ -11,7 +11,7 @@ from service.audit.log import filters
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller, Role
 from service.db import session_scope
-from service.deps import Deps
+from service.deps import AppDeps, Deps
 from service.errors import Conflict, Invalid, NotFound, common_responses, responses
 from service.findings.schemas import Severity
 from service.incidents import impact, store
@@ -145,6 +145,12 @@ async def get_impact(
 async def patch_incident(deps: Deps, caller: Triage, incident_id: IncidentId, body: IncidentPatch) -> IncidentDetail:
     """open -> acknowledged -> resolved, or false_positive, which allowlists every finding's matched
     fingerprints (under its key id); back to open revokes those entries. Other steps are 409."""
+    return await change(deps, caller, incident_id, body)
+
+
+async def change(deps: AppDeps, caller: Caller, incident_id: int, body: IncidentPatch) -> IncidentDetail:
+    """A responder's change, audited, with the allowlist caches told: the API's PATCH and the UI's
+    forms (service/ui/routes.py) both go through here, so they cannot drift apart."""
     async with session_scope(deps.sessions) as session:
         incident = await _incident(session, incident_id)
         changed = await store.update(session, incident, body, caller.key_id)

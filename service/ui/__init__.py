@@ -1,0 +1,1 @@
+"""The responder UI at ``/ui``: server-rendered pages over the same stores, audit and roles as the API."""
