@@ -62,6 +62,18 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/v1/tenants/purge"): ADMIN,
 }
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+# The responder UI's routes: a session cookie, not a bearer key, and roles checked in the route
+# (tests/test_ui.py). Every other one sends a browser without a session to the sign-in page.
+UI_OPEN = {("GET", "/ui/signin"), ("POST", "/ui/signin"), ("GET", "/ui/static/ui.css")}
+UI = UI_OPEN | {
+    ("POST", "/ui/signout"),
+    ("GET", "/ui"),
+    ("GET", "/ui/incidents/{incident_id}"),
+    ("GET", "/ui/incidents/{incident_id}/impact.csv"),
+    ("POST", "/ui/incidents/{incident_id}/status"),
+    ("POST", "/ui/incidents/{incident_id}/assignee"),
+    ("POST", "/ui/incidents/{incident_id}/notes"),
+}
 
 
 def declared_roles(route: APIRoute) -> frozenset[Role] | None:
@@ -93,8 +105,16 @@ ROUTES = api_routes()
 
 
 def test_every_route_declares_the_roles_expected_of_it() -> None:
-    declared = {k: declared_roles(r) for k, (_, r) in ROUTES.items() if k[1] not in PUBLIC}
+    declared = {k: declared_roles(r) for k, (_, r) in ROUTES.items() if k[1] not in PUBLIC and k not in UI}
     assert declared == EXPECTED
+    assert {k for k in ROUTES if k[1] == "/ui" or k[1].startswith("/ui/")} == UI
+
+
+async def test_every_ui_route_needs_a_session(api: Api) -> None:
+    for method, path in sorted(UI - UI_OPEN):
+        url, _ = _request(method, *ROUTES[(method, path)])
+        resp = await api.client.request(method, url, data={"csrf": "x"} if method == "POST" else None)
+        assert (resp.status_code, resp.headers.get("location")) == (303, "/ui/signin"), (method, path)
 
 
 def _request(method: str, path: str, route: APIRoute) -> tuple[str, dict[str, Any]]:
