@@ -29,7 +29,6 @@ import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
@@ -100,7 +99,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
 
 @pytest.fixture
-def browser() -> Iterator[WebDriver]:
+def browser() -> Iterator[webdriver.Chrome]:
     assert CHROMIUM is not None
     assert CHROMEDRIVER is not None
     options = webdriver.ChromeOptions()
@@ -142,9 +141,8 @@ def _leak_in_pieces(served: Served, source: str, recipient: str, ts: float) -> N
     _post(served, [src, dst])
 
 
-def _full_page(browser: WebDriver, path: Path) -> None:
+def _full_page(browser: webdriver.Chrome, path: Path) -> None:
     """The whole page, not the window: DevTools lays it out at its full height for the capture."""
-    assert isinstance(browser, webdriver.Chrome)
     height = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]["height"]
     browser.execute_cdp_cmd(
         "Emulation.setDeviceMetricsOverride",
@@ -156,7 +154,7 @@ def _full_page(browser: WebDriver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def test_sign_in_open_an_incident_and_mark_it_a_false_positive(served: Served, browser: WebDriver) -> None:
+def test_sign_in_open_an_incident_and_mark_it_a_false_positive(served: Served, browser: webdriver.Chrome) -> None:
     now = time.time()
     _leak(served, "argparse", "acme", "globex", now - 120)
     _leak_in_pieces(served, "initech", "globex", now - 60)
@@ -191,7 +189,8 @@ def test_sign_in_open_an_incident_and_mark_it_a_false_positive(served: Served, b
     browser.find_element(By.CSS_SELECTOR, "button[name='status'][value='false_positive']").click()
     wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, ".message"), "Status changed."))
     assert browser.find_element(By.CSS_SELECTOR, "h1 .status").text == "false_positive"
-    violations = [e for e in browser.get_log("browser") if "Content Security Policy" in e.get("message", "")]
+    logs: list[dict[str, Any]] = browser.get_log("browser")  # type: ignore[no-untyped-call]  # untyped in selenium
+    violations = [e for e in logs if "Content Security Policy" in e.get("message", "")]
     assert violations == []
 
     incident = httpx.get(f"{served.url}/v1/incidents/{incident_id}", headers=served.headers(Role.ADMIN)).json()
