@@ -109,7 +109,7 @@ class Settings(BaseSettings):
 
     api_key_cache_seconds: float = Field(10.0, ge=0)
     # The responder UI at /ui (service/ui/): how long a sign-in lasts, and whether its cookie is Secure
-    # (https only; false for plain-http development on localhost).
+    # (https, or http on localhost; false for plain-http development on any other host name).
     ui_session_seconds: int = Field(8 * 3600, ge=60, le=7 * 86400)
     ui_cookie_secure: bool = True
     # While the database is down, a cached key keeps working this long past its cache period, no longer.

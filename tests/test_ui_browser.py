@@ -2,9 +2,10 @@
 
 A responder signs in with a triage key, opens the incident, assigns it, marks it a false positive,
 and the allowlist entry that marking makes is read back through the API. The server is uvicorn on
-a loopback port with the embedded backend, over plain http, so the cookie is the development one
-(``BLEEDWATCH_UI_COOKIE_SECURE=false``). ``scripts/services`` installs chromium and chromium-driver
-(Debian packages) when they are missing; this test skips only where neither is on PATH.
+a loopback port with the embedded backend, over plain http: browsers take Secure and ``__Host-``
+cookies from http://127.0.0.1 and localhost, so the cookie is the production one.
+``scripts/services`` installs chromium and chromium-driver (Debian packages) when they are
+missing; this test skips only where they are not on PATH (apt-get failed or is absent).
 
 ``BLEEDWATCH_UI_SCREENSHOT=docs/ui-incident.png`` saves the incident page (the README's picture).
 """
@@ -79,7 +80,7 @@ async def _keys(settings: Settings) -> dict[Role, str]:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     """bleedwatch on a loopback port (embedded backend), in a thread of this process."""
-    settings = Settings(redis_url=None, database_url=None, data_dir=tmp_path / "data", ui_cookie_secure=False)
+    settings = Settings(redis_url=None, database_url=None, data_dir=tmp_path / "data")
     upgrade(settings)
     tokens = asyncio.run(_keys(settings))
     port = _free_port()
@@ -166,9 +167,9 @@ def test_sign_in_open_an_incident_and_mark_it_a_false_positive(served: Served, b
     browser.find_element(By.ID, "api_key").send_keys(served.tokens[Role.TRIAGE])
     browser.find_element(By.CSS_SELECTOR, "form[action='/ui/signin'] button").click()
     wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "table.list")))
-    cookie = browser.get_cookie("bw_ui")
+    cookie = browser.get_cookie("__Host-bw_ui")
     assert cookie is not None
-    assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+    assert (cookie["secure"], cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, True, "Strict", "/")
     # The stylesheet loaded under the CSP (header background from ui.css, not the browser default).
     header = browser.find_element(By.CSS_SELECTOR, "header.top")
     assert header.value_of_css_property("background-color") == "rgba(29, 36, 48, 1)"

@@ -9,7 +9,8 @@ key ends its UI sessions at the next page too. The cookie holds 256 random bits 
 the table holds their SHA-256 only, so neither a cookie nor a copy of the table reveals the key.
 
 The cookie is HttpOnly, SameSite=Strict and, unless ``BLEEDWATCH_UI_COOKIE_SECURE=false`` (plain
-http on localhost, for development), Secure with the ``__Host-`` prefix (no Domain, path /).
+http on a host other than localhost, for development), Secure with the ``__Host-`` prefix (no
+Domain, path /).
 Each session's CSRF token is derived from the cookie value (a different hash of it), so a page
 can carry it in its forms without the table holding it; every POST must send it back.
 """
