@@ -219,6 +219,8 @@ async def signin(request: Request, deps: Deps) -> Response:
     if caller.role not in READERS:
         return _signin_page(request, deps, 403, f"A key with role '{caller.role.value}' cannot read incidents.")
     async with session_scope(deps.sessions) as session:
+        if (previous := sessions.raw_cookie(request, deps.settings)) is not None:
+            await sessions.end(session, previous)  # a new sign-in replaces the browser's session, never adds one
         raw = await sessions.create(session, deps.settings, caller)
         await audit.record(session, caller, "ui.signin", "ui")
     response = _see("/ui")
