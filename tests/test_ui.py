@@ -16,7 +16,10 @@ import httpx
 import pytest
 
 from service.auth.keys import Role
-from tests.conftest import Api
+from service.config import Settings
+from service.findings.models import Finding
+from service.ui import evidence
+from tests.conftest import Api, running_api
 from tests.incident_traffic import get, key_id, leak
 
 pytestmark = pytest.mark.anyio
@@ -242,3 +245,51 @@ async def test_sign_in_refusals_sign_out_and_revocation(api: Api) -> None:
 
     signins = [a for a, _, _ in await audit_of(api, Role.READ) if a.startswith("ui.")]
     assert signins == ["ui.signin", "ui.signout"]
+
+
+async def test_wrong_keys_spend_the_addresss_failure_budget(settings: Settings) -> None:
+    """The sign-in form is one more way to guess keys: it takes the API's per-address budget."""
+    limited = settings.model_copy(update={"auth_failures_burst": 2, "auth_failures_per_second": 0.001})
+    async with running_api(limited) as api, browser(api) as client:
+        resp = await client.get("/ui/signin")
+        statuses = []
+        for i in range(3):  # each answer is the form again, with a fresh token
+            resp = await client.post("/ui/signin", data={"csrf": csrf_of(resp), "api_key": f"bw_0123456789a{i}_no"})
+            statuses.append(resp.status_code)
+        assert statuses == [401, 401, 429]
+        refused = await client.post("/ui/signin", data={"csrf": csrf_of(resp), "api_key": api.tokens[Role.READ]})
+        assert refused.status_code == 429  # a key this replica has not verified recently waits too
+        assert int(refused.headers["retry-after"]) > 0
+
+
+async def test_the_ui_stays_out_of_the_api_document(api: Api) -> None:
+    paths = (await api.client.get("/openapi.json")).json()["paths"]
+    assert not [p for p in paths if p.startswith("/ui")]
+
+
+def test_evidence_drawing_skips_what_is_not_a_range() -> None:
+    finding = Finding(
+        response_tokens=100,
+        evidence={
+            "sources": [
+                {
+                    "tenant": "acme",
+                    "canary": False,
+                    "coverage": 0.3,
+                    "ranges": [
+                        {"response": [10, 40], "source": [0, 30], "source_request_id": "s-1", "fingerprints": 7},
+                        {"response": [90, 130]},  # past the end: clamped
+                        {"response": ["a", 3]},
+                        {"response": [50, 50]},
+                        "nonsense",
+                    ],
+                },
+                "nonsense",
+            ]
+        },
+    )
+    drawn = evidence.drawing(finding)
+    assert drawn.tokens == 130  # the strip is at least as long as the furthest range
+    (strip,) = drawn.strips
+    assert [(b.start, b.end, b.fingerprints) for b in strip.bars] == [(10, 40, 7), (90, 130, None)]
+    assert evidence.drawing(Finding(response_tokens=0, evidence={})) == evidence.Drawing(1, [])
