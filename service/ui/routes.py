@@ -13,7 +13,6 @@ cookies are SameSite=Strict besides. Sessions: ``service/ui/sessions.py``.
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
 from datetime import datetime
@@ -43,7 +42,6 @@ from service.incidents.schemas import TRANSITIONS, IncidentPatch, Status
 from service.ratelimit import retry_after
 from service.ui import evidence, sessions
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/ui", include_in_schema=False)
 IncidentId = Annotated[int, Path(ge=1, lt=2**63)]
 PAGE_SIZE = 50
