@@ -76,6 +76,7 @@ from tests.tcp_proxy import TcpProxy
 HERE = Path(__file__).resolve().parent
 RECLAIM_SECONDS = 5  # a killed replica's batch is taken over after this long idle (30 s by default)
 REPLICA_DOWN_SECONDS = 2.0
+RESTART_SECONDS = 120.0  # Redis replays its whole AOF before it answers: seconds per few hundred MB
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +254,7 @@ def cut_aof_to_durable(redis_dir: Path, sync_log: Path) -> int:
 def own_schema() -> Iterator[str]:
     schema = f"bw_faults_{uuid.uuid4().hex[:8]}"
     admin = psycopg.connect(DATABASE_URL, autocommit=True, connect_timeout=5)
+    admin.execute("SET lock_timeout = '30s'")  # never wait forever on a replica's transaction
     admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
         yield schema
@@ -347,8 +349,6 @@ async def drive(
             *LISTPACK_LIMITS,
             "--appendfsync",
             fsync,
-            "--auto-aof-rewrite-percentage",
-            "0",  # one AOF file for the whole run: the host-crash cut is then one truncate
             "--maxmemory-policy",
             "noeviction",
         ),
@@ -364,167 +364,179 @@ async def drive(
     acks: list[Ack] = []
     try:
         with own_schema() as schema:
-            env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"} | {
-                "BLEEDWATCH_REDIS_URL": server.url,
-                "BLEEDWATCH_DATABASE_URL": through(proxy.port, schema),
-                "BLEEDWATCH_KEY_PREFIX": prefix,
-                "BLEEDWATCH_WORKERS": "1",
-                "BLEEDWATCH_LOG_LEVEL": "warning",
-                "BLEEDWATCH_RATE_LIMIT_PER_SECOND": "0",
-                "BLEEDWATCH_INGEST_RECLAIM_SECONDS": str(RECLAIM_SECONDS),
-            }
-            ingest, reader = await asyncio.to_thread(prepare, env)
-            replicas = [Replica(free_port(), env, work / f"replica-{i}.log") for i in range(2)]
-            for r in replicas:
-                r.start()
-            for r in replicas:
-                await asyncio.to_thread(r.wait_ready)
+            try:
+                env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"} | {
+                    "BLEEDWATCH_REDIS_URL": server.url,
+                    "BLEEDWATCH_DATABASE_URL": through(proxy.port, schema),
+                    "BLEEDWATCH_KEY_PREFIX": prefix,
+                    "BLEEDWATCH_WORKERS": "1",
+                    "BLEEDWATCH_LOG_LEVEL": "warning",
+                    "BLEEDWATCH_RATE_LIMIT_PER_SECOND": "0",
+                    "BLEEDWATCH_INGEST_RECLAIM_SECONDS": str(RECLAIM_SECONDS),
+                }
+                ingest, reader = await asyncio.to_thread(prepare, env)
+                replicas = [Replica(free_port(), env, work / f"replica-{i}.log") for i in range(2)]
+                for r in replicas:
+                    r.start()
+                for r in replicas:
+                    await asyncio.to_thread(r.wait_ready)
 
-            # Throughput: a closed-loop burst of batches of 100, 2 in flight per replica.
-            origin = time.monotonic()  # the run's clock: acknowledgements and faults in seconds from here
-            wire = batches(burst, 100)
-            result.burst_exchanges = sum(n for _, n, _ in wire)
-            result.burst_fingerprints = sum(f for _, _, f in wire)
-            start = time.monotonic()
-            async with (
-                Poster("127.0.0.1", replicas[0].port, ingest, 2) as one,
-                Poster("127.0.0.1", replicas[1].port, ingest, 2) as two,
-            ):
-                todo = list(reversed(wire))
+                # Throughput: a closed-loop burst of batches of 100, 2 in flight per replica.
+                origin = time.monotonic()  # the run's clock: acknowledgements and faults in seconds from here
+                wire = batches(burst, 100)
+                result.burst_exchanges = sum(n for _, n, _ in wire)
+                result.burst_fingerprints = sum(f for _, _, f in wire)
+                start = time.monotonic()
+                async with (
+                    Poster("127.0.0.1", replicas[0].port, ingest, 2) as one,
+                    Poster("127.0.0.1", replicas[1].port, ingest, 2) as two,
+                ):
+                    todo = list(reversed(wire))
 
-                async def post(poster: Poster) -> None:
-                    while todo:
-                        body, _, _ = todo.pop()
-                        status, answer = await poster.post(poster.request(body))
-                        if status != 202:
-                            raise RuntimeError(f"burst: {status} {answer[:200]!r}")
-                        sent = orjson.loads(body)["exchanges"]
-                        now = time.monotonic()
-                        acks.append(Ack(now - origin, 0.0, tuple((e["tenant"], e["request_id"]) for e in sent)))
+                    async def post(poster: Poster) -> None:
+                        while todo:
+                            body, _, _ = todo.pop()
+                            status, answer = await poster.post(poster.request(body))
+                            if status != 202:
+                                raise RuntimeError(f"burst: {status} {answer[:200]!r}")
+                            sent = orjson.loads(body)["exchanges"]
+                            now = time.monotonic()
+                            acks.append(Ack(now - origin, 0.0, tuple((e["tenant"], e["request_id"]) for e in sent)))
 
-                await asyncio.gather(post(one), post(one), post(two), post(two))
-                result.burst_accept_s = time.monotonic() - start
-                await until(lambda: drained(direct, keys), 0.01)
-                result.burst_processed_s = time.monotonic() - start
-            result.burst_fps = result.burst_fingerprints / result.burst_processed_s
-            print(
-                f"  [{fsync}] burst: {result.burst_exchanges} exchanges, {result.burst_fps:,.0f} fingerprints/s "
-                f"processed (all answered in {result.burst_accept_s:.1f} s)",
-                flush=True,
-            )
-            burst_acks = len(acks)
+                    await asyncio.gather(post(one), post(one), post(two), post(two))
+                    result.burst_accept_s = time.monotonic() - start
+                    await until(lambda: drained(direct, keys), 0.01)
+                    result.burst_processed_s = time.monotonic() - start
+                result.burst_fps = result.burst_fingerprints / result.burst_processed_s
+                print(
+                    f"  [{fsync}] burst: {result.burst_exchanges} exchanges, {result.burst_fps:,.0f} fingerprints/s "
+                    f"processed (all answered in {result.burst_accept_s:.1f} s)",
+                    flush=True,
+                )
+                burst_acks = len(acks)
 
-            # The paced load and the faults, one after another.
-            t0 = time.monotonic()
-            faults: list[Fault] = []
-            spool = work / "sdk.spool"
-            transport = Balancer([r.url for r in replicas], acks, origin)
-            client = BleedwatchClient(
-                replicas[0].url,
-                ingest,
-                batch_size=args.batch,
-                flush_seconds=0.25,
-                max_backoff_seconds=2.0,
-                transport=transport,
-                spool=spool,
-            )
-            stop = asyncio.Event()
+                # The paced load and the faults, one after another.
+                t0 = time.monotonic()
+                faults: list[Fault] = []
+                spool = work / "sdk.spool"
+                transport = Balancer([r.url for r in replicas], acks, origin)
+                client = BleedwatchClient(
+                    replicas[0].url,
+                    ingest,
+                    batch_size=args.batch,
+                    flush_seconds=0.25,
+                    max_backoff_seconds=2.0,
+                    transport=transport,
+                    spool=spool,
+                )
+                stop = asyncio.Event()
 
-            async def load() -> None:
-                for i, ex in enumerate(exchanges):
-                    if stop.is_set():
-                        break
-                    delay = t0 + i / args.rate - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    await client.submit(ex)
-                    result.load_exchanges += 1
+                async def load() -> None:
+                    for i, ex in enumerate(exchanges):
+                        if stop.is_set():
+                            break
+                        delay = t0 + i / args.rate - time.monotonic()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        await client.submit(ex)
+                        result.load_exchanges += 1
 
-            def now() -> float:
-                return time.monotonic() - origin
+                def now() -> float:
+                    return time.monotonic() - origin
 
-            async def faulting() -> None:
-                await asyncio.sleep(args.settle)
-                fault = Fault("Redis kill -9 (process crash), restart from the AOF", now())
-                await asyncio.to_thread(server.kill)
-                await asyncio.to_thread(server.start)
-                fault.down_seconds = now() - fault.at + await until_answering(replicas[0].url, 60)
-                faults.append(fault)
-                print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s", flush=True)
+                async def faulting() -> None:
+                    try:
+                        await faults_in_a_row()
+                    finally:
+                        stop.set()  # a fault that fails ends the load too: the run then reports it
 
-                if preload is not None:
+                async def faults_in_a_row() -> None:
                     await asyncio.sleep(args.settle)
-                    fault = Fault("Redis host crash (kill -9, AOF cut to its last fsync), restart", now())
+                    fault = Fault("Redis kill -9 (process crash), restart from the AOF", now())
                     await asyncio.to_thread(server.kill)
-                    cut = cut_aof_to_durable(redis_dir, sync_log)
-                    await asyncio.to_thread(server.start)
+                    await asyncio.to_thread(server.start, RESTART_SECONDS)
                     fault.down_seconds = now() - fault.at + await until_answering(replicas[0].url, 60)
-                    fault.note = f"{cut:,} AOF bytes not yet fsynced, cut"
+                    faults.append(fault)
+                    print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s", flush=True)
+
+                    if preload is not None:
+                        await asyncio.sleep(args.settle)
+                        fault = Fault("Redis host crash (kill -9, AOF cut to its last fsync), restart", now())
+                        await asyncio.to_thread(server.kill)
+                        cut = cut_aof_to_durable(redis_dir, sync_log)
+                        await asyncio.to_thread(server.start, RESTART_SECONDS)
+                        fault.down_seconds = now() - fault.at + await until_answering(replicas[0].url, 60)
+                        fault.note = f"{cut:,} AOF bytes not yet fsynced, cut"
+                        faults.append(fault)
+                        print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s: {fault.note}", flush=True)
+
+                    await asyncio.sleep(args.settle)
+                    fault = Fault(f"PostgreSQL cut for {args.pg_outage:g} s (TCP proxy)", now())
+                    await asyncio.to_thread(proxy.cut)
+                    await asyncio.sleep(args.pg_outage)
+                    await asyncio.to_thread(proxy.restore)
+                    fault.down_seconds = now() - fault.at
+                    faults.append(fault)
+                    print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s", flush=True)
+
+                    await asyncio.sleep(args.settle)
+                    victim = replicas[1]
+                    fault = Fault("replica kill -9 holding a batch, restarted 2 s later", now())
+                    assert victim.process is not None
+                    pid, deadline = victim.process.pid, time.monotonic() + 20
+                    await until(lambda: time.monotonic() > deadline or holding(direct, keys.queue, pid), 0.002)
+                    held = holding(direct, keys.queue, victim.process.pid)
+                    fault.at = now()
+                    victim.kill()
+                    await asyncio.sleep(REPLICA_DOWN_SECONDS)
+                    victim.start()
+                    await asyncio.to_thread(victim.wait_ready)
+                    fault.down_seconds = now() - fault.at
+                    fault.note = "killed holding a batch" if held else "never caught holding a batch: killed anyway"
                     faults.append(fault)
                     print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s: {fault.note}", flush=True)
+                    await asyncio.sleep(args.settle)
+                    stop.set()
 
-                await asyncio.sleep(args.settle)
-                fault = Fault(f"PostgreSQL cut for {args.pg_outage:g} s (TCP proxy)", now())
-                await asyncio.to_thread(proxy.cut)
-                await asyncio.sleep(args.pg_outage)
-                await asyncio.to_thread(proxy.restore)
-                fault.down_seconds = now() - fault.at
-                faults.append(fault)
-                print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s", flush=True)
+                async with client:
+                    failed = [e for e in await asyncio.gather(load(), faulting(), return_exceptions=True) if e]
+                    if failed:
+                        raise failed[0]
+                    await client.flush()
+                await transport.aclose()
+                result.sdk_dropped = client.dropped
+                result.sdk_spooled = client.spooled
 
-                await asyncio.sleep(args.settle)
-                victim = replicas[1]
-                fault = Fault("replica kill -9 holding a batch, restarted 2 s later", now())
-                assert victim.process is not None
-                pid, deadline = victim.process.pid, time.monotonic() + 20
-                await until(lambda: time.monotonic() > deadline or holding(direct, keys.queue, pid), 0.002)
-                held = holding(direct, keys.queue, victim.process.pid)
-                fault.at = now()
-                victim.kill()
-                await asyncio.sleep(REPLICA_DOWN_SECONDS)
-                victim.start()
-                await asyncio.to_thread(victim.wait_ready)
-                fault.down_seconds = now() - fault.at
-                fault.note = "killed holding a batch" if held else "never caught holding a batch: killed anyway"
-                faults.append(fault)
-                print(f"  [{fsync}] {fault.name} at {fault.at:.1f} s: {fault.note}", flush=True)
-                await asyncio.sleep(args.settle)
-                stop.set()
+                start = time.monotonic()
+                await until(lambda: drained(direct, keys) or time.monotonic() - start > args.drain_timeout, 0.1)
+                if not drained(direct, keys):
+                    print(f"  [{fsync}] not drained after {args.drain_timeout:g} s", flush=True)
+                result.drain_seconds = time.monotonic() - start
 
-            async with client:
-                await asyncio.gather(load(), faulting())
-                await client.flush()
-            await transport.aclose()
-            result.sdk_dropped = client.dropped
-            result.sdk_spooled = client.spooled
+                result.faults = faults
+                load_acks = acks[burst_acks:]
+                lat = sorted(a.seconds for a in load_acks)
+                result.ack_p50_ms = percentile(lat, 0.5) * 1000
+                result.ack_p99_ms = percentile(lat, 0.99) * 1000
+                for fault in faults:
+                    times = [fault.at] + [a.at for a in load_acks if fault.at <= a.at <= fault.at + 90]
+                    times.sort()
+                    fault.longest_without_202 = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
-            start = time.monotonic()
-            await until(lambda: drained(direct, keys) or time.monotonic() - start > args.drain_timeout, 0.1)
-            if not drained(direct, keys):
-                print(f"  [{fsync}] not drained after {args.drain_timeout:g} s", flush=True)
-            result.drain_seconds = time.monotonic() - start
-
-            result.faults = faults
-            load_acks = acks[burst_acks:]
-            lat = sorted(a.seconds for a in load_acks)
-            result.ack_p50_ms = percentile(lat, 0.5) * 1000
-            result.ack_p99_ms = percentile(lat, 0.99) * 1000
-            for fault in faults:
-                times = [fault.at] + [a.at for a in load_acks if fault.at <= a.at <= fault.at + 90]
-                times.sort()
-                fault.longest_without_202 = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
-
-            async with httpx.AsyncClient(base_url=replicas[0].url, headers={"Authorization": f"Bearer {reader}"}) as c:
-                queue_state = (await c.get("/v1/queue")).json()
-            result.dead_letters = int(queue_state["dead_letters"])
-            result.findings_dead_letters = int(direct.xlen(keys.outbox_dead))
-            found = await asyncio.to_thread(all_findings, replicas[0].url, reader)
-            docs = documents(direct, keys)
-            marked = done_marks(direct, keys, {ex for a in acks for ex in a.exchanges})
-            return result, acks, docs, marked, found
+                async with httpx.AsyncClient(
+                    base_url=replicas[0].url, headers={"Authorization": f"Bearer {reader}"}
+                ) as c:
+                    queue_state = (await c.get("/v1/queue")).json()
+                result.dead_letters = int(queue_state["dead_letters"])
+                result.findings_dead_letters = int(direct.xlen(keys.outbox_dead))
+                found = await asyncio.to_thread(all_findings, replicas[0].url, reader)
+                docs = documents(direct, keys)
+                marked = done_marks(direct, keys, {ex for a in acks for ex in a.exchanges})
+                return result, acks, docs, marked, found
+            finally:
+                for r in replicas:  # before the schema is dropped
+                    r.stop()
     finally:
-        for r in replicas:
-            r.stop()
         direct.close()
         with contextlib.suppress(Exception):
             proxy.stop()
