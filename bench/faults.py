@@ -12,8 +12,10 @@ a temporary directory on disk), a schema of its own in the machine's PostgreSQL 
 TCP proxy it can cut (tests/tcp_proxy.py; the server itself is never touched), two ``bleedwatch
 serve`` replicas, and the SDK (``BleedwatchClient``, with a spool) sending pre-fingerprinted chat
 traffic with planted leaks (bench/load.py) at a steady rate through a round-robin balancer that
-records every exchange answered 202. First a closed-loop burst measures throughput (the price of
-``always``); then, during the paced load, one after another:
+records every exchange answered 202. First closed-loop bursts: one to warm up, then (first run
+only, ``--cost-rounds``) everysec and always in turn on the same Redis (``CONFIG SET``), with
+``redis-benchmark`` SETs beside them: the price of ``always``, measured so that the machine's
+drift weighs on both alike. Then, during the paced load, one after another:
 
 1. **Redis process crash**: ``kill -9``, restarted from its AOF at once.
 2. **Redis host crash, simulated**: ``kill -9``, the AOF cut back to what its last fsync made
@@ -41,8 +43,10 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,20 +108,20 @@ class Fault:
 class Result:
     fsync: str
     burst_exchanges: int = 0
-    burst_fingerprints: int = 0
-    burst_accept_s: float = 0.0
-    burst_processed_s: float = 0.0
     burst_fps: float = 0.0
+    cost_fps: dict[str, list[float]] = field(default_factory=dict)  # interleaved bursts, by appendfsync
+    cost_set_per_s: dict[str, list[float]] = field(default_factory=dict)  # redis-benchmark SET, 8 clients, no pipeline
     load_exchanges: int = 0
     acknowledged: int = 0
     processed_once: int = 0
     lost: int = 0
     processed_twice: int = 0
     partial: int = 0
+    partial_how: dict[str, int] = field(default_factory=dict)  # "mark 1, prompt docs 0, response docs 1": count
     processed_unacknowledged: int = 0
     leaks_planted: int = 0
     leaks_found_once: int = 0
-    leaks_missed: list[str] = field(default_factory=list)
+    leaks_missed: list[dict[str, Any]] = field(default_factory=list)
     leaks_missed_lost: int = 0  # of the missed: a side of the leak was lost with Redis
     duplicate_findings: int = 0
     other_findings: int = 0
@@ -322,12 +326,60 @@ async def until(condition: Callable[[], bool], pause: float) -> None:
         await asyncio.sleep(pause)
 
 
+async def closed_burst(
+    replicas: list[Replica],
+    token: str,
+    exchanges: list[dict[str, Any]],
+    acks: list[Ack],
+    origin: float,
+    empty: Callable[[], bool],
+) -> float:
+    """Post every exchange in batches of 100, two in flight per replica; fingerprints/s until all are processed."""
+    wire = batches(exchanges, 100)
+    start = time.monotonic()
+    async with (
+        Poster("127.0.0.1", replicas[0].port, token, 2) as one,
+        Poster("127.0.0.1", replicas[1].port, token, 2) as two,
+    ):
+        todo = list(reversed(wire))
+
+        async def post(poster: Poster) -> None:
+            while todo:
+                body, _, _ = todo.pop()
+                status, answer = await poster.post(poster.request(body))
+                if status != 202:
+                    raise RuntimeError(f"burst: {status} {answer[:200]!r}")
+                sent = orjson.loads(body)["exchanges"]
+                now = time.monotonic()
+                acks.append(Ack(now - origin, 0.0, tuple((e["tenant"], e["request_id"]) for e in sent)))
+
+        await asyncio.gather(post(one), post(one), post(two), post(two))
+        await until(empty, 0.01)
+    return sum(f for _, _, f in wire) / (time.monotonic() - start)
+
+
+def sets(port: int) -> float:
+    """``redis-benchmark`` SET/s from 8 clients without pipelining: Redis' own price of each fsync policy."""
+    out = subprocess.run(
+        ["redis-benchmark", "-p", str(port), "-t", "set", "-n", "20000", "-c", "8", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    match = re.findall(r"SET: ([\d.]+) requests per second", out)
+    return float(match[-1]) if match else float("nan")
+
+
 def drained(client: redis.Redis, keys: Keys) -> bool:
     return not client.xlen(keys.queue) and not client.xlen(keys.outbox)
 
 
 def planted(texts: list[TextPair]) -> dict[str, str]:
-    return {t.request_id: t.leak_from for t in texts if t.leak_from is not None}
+    """Recipient request id -> source request id of each planted leak. bench/load.py sometimes plants a
+    tenant's own earlier prompt (its check compares a request id with a tenant): no leak, left out."""
+    tenant = {t.request_id: t.tenant for t in texts}
+    return {t.request_id: t.leak_from for t in texts if t.leak_from is not None and tenant[t.leak_from] != t.tenant}
 
 
 async def drive(
@@ -336,6 +388,7 @@ async def drive(
     burst: list[dict[str, Any]],
     fsync: str,
     work: Path,
+    cost: bool,
 ) -> tuple[Result, list[Ack], dict[tuple[str, str, str], int], set[tuple[str, str]], list[dict[str, Any]]]:
     result = Result(fsync)
     redis_dir = work / "redis"
@@ -381,38 +434,31 @@ async def drive(
                 for r in replicas:
                     await asyncio.to_thread(r.wait_ready)
 
-                # Throughput: a closed-loop burst of batches of 100, 2 in flight per replica.
+                # Throughput: closed-loop bursts of batches of 100, 2 in flight per replica. The first
+                # warms up; with --cost-rounds, then everysec and always in turn on the same server
+                # (CONFIG SET), the same exchanges under new request ids each time, so that a machine
+                # whose speed drifts by ±20 % from one minute to the next weighs on both alike.
                 origin = time.monotonic()  # the run's clock: acknowledgements and faults in seconds from here
-                wire = batches(burst, 100)
-                result.burst_exchanges = sum(n for _, n, _ in wire)
-                result.burst_fingerprints = sum(f for _, _, f in wire)
-                start = time.monotonic()
-                async with (
-                    Poster("127.0.0.1", replicas[0].port, ingest, 2) as one,
-                    Poster("127.0.0.1", replicas[1].port, ingest, 2) as two,
-                ):
-                    todo = list(reversed(wire))
-
-                    async def post(poster: Poster) -> None:
-                        while todo:
-                            body, _, _ = todo.pop()
-                            status, answer = await poster.post(poster.request(body))
-                            if status != 202:
-                                raise RuntimeError(f"burst: {status} {answer[:200]!r}")
-                            sent = orjson.loads(body)["exchanges"]
-                            now = time.monotonic()
-                            acks.append(Ack(now - origin, 0.0, tuple((e["tenant"], e["request_id"]) for e in sent)))
-
-                    await asyncio.gather(post(one), post(one), post(two), post(two))
-                    result.burst_accept_s = time.monotonic() - start
-                    await until(lambda: drained(direct, keys), 0.01)
-                    result.burst_processed_s = time.monotonic() - start
-                result.burst_fps = result.burst_fingerprints / result.burst_processed_s
-                print(
-                    f"  [{fsync}] burst: {result.burst_exchanges} exchanges, {result.burst_fps:,.0f} fingerprints/s "
-                    f"processed (all answered in {result.burst_accept_s:.1f} s)",
-                    flush=True,
-                )
+                pairs = [("everysec", "always"), ("always", "everysec")]  # ABBA: later copies may cost less
+                rounds = [("", fsync)] + [
+                    (f"~{mode[0]}{k}", mode) for k in range(args.cost_rounds) for mode in pairs[k % 2]
+                ]
+                for tag, mode in rounds if cost else rounds[:1]:
+                    direct.config_set("appendfsync", mode)
+                    copy = [ex | {"request_id": ex["request_id"] + tag} for ex in burst]
+                    fps = await closed_burst(replicas, ingest, copy, acks, origin, lambda: drained(direct, keys))
+                    (result.cost_fps.setdefault(mode, []) if tag else []).append(fps)
+                    if not tag:
+                        result.burst_exchanges, result.burst_fps = len(burst), fps
+                    print(f"  [{fsync}] burst{tag or ''} ({mode}): {fps:,.0f} fingerprints/s processed", flush=True)
+                if cost:
+                    for k in range(args.cost_rounds):
+                        for mode in pairs[k % 2]:
+                            direct.config_set("appendfsync", mode)
+                            result.cost_set_per_s.setdefault(mode, []).append(
+                                await asyncio.to_thread(sets, server.port)
+                            )
+                direct.config_set("appendfsync", fsync)
                 burst_acks = len(acks)
 
                 # The paced load and the faults, one after another.
@@ -595,6 +641,8 @@ def count(
             result.processed_twice += 1
         else:
             result.partial += 1
+            how = f"mark {int(ex in marked)}, prompt docs {prompt}, response docs {response}"
+            result.partial_how[how] = result.partial_how.get(how, 0) + 1
     result.lost = len(lost)
     seen = {(t, r) for (t, r, _k) in docs}
     result.processed_unacknowledged = len(seen - set(acked))
@@ -615,19 +663,37 @@ def count(
         fault.lost_answered_before_s = max((fault.at - a.at for a in lost_acks), default=0.0)
     per_recipient = Counter(f["recipient_request_id"] for f in found)
     result.duplicate_findings = sum(n - 1 for n in per_recipient.values() if n > 1)
+    # Every copy of a burst (request id + "~tag") carries its original's leak; the finding may name
+    # any copy of the source (the lowest ref of equal sources wins), so sources compare by original.
     sent = {r for _, r in acked}
-    leaks = {recipient: source for recipient, source in leaks.items() if recipient in sent}  # sent before the end
+    leaks = {r: leaks[base(r)] for r in sent if base(r) in leaks}
     result.leaks_planted = len(leaks)
     lost_ids = {r for _, r in lost}
+    when = {r: a.at for (_, r), a in acked.items()}
     for recipient, source in leaks.items():
         mine = [f for f in found if f["recipient_request_id"] == recipient]
-        if len(mine) == 1 and source in mine[0]["source_request_ids"]:
+        if len(mine) == 1 and source in {base(s) for s in mine[0]["source_request_ids"]}:
             result.leaks_found_once += 1
-        else:
-            result.leaks_missed.append(recipient)
-            result.leaks_missed_lost += recipient in lost_ids or source in lost_ids
+            continue
+        side_lost = recipient in lost_ids or any(base(r) == source for r in lost_ids)
+        result.leaks_missed_lost += side_lost
+        result.leaks_missed.append(
+            {
+                "recipient": recipient,
+                "source": source,
+                "findings": [(f["source_tenant"], f["source_request_ids"], f["matched_fingerprints"]) for f in mine],
+                "recipient_answered_at": round(when.get(recipient, -1.0), 2),
+                "source_answered_at": round(when.get(source, -1.0), 2),
+                "a_side_lost": side_lost,
+            }
+        )
     result.other_findings = sum(1 for f in found if f["recipient_request_id"] not in leaks)
     return result
+
+
+def base(request_id: str) -> str:
+    """The request id a burst copy was made from."""
+    return request_id.split("~", 1)[0]
 
 
 def table(results: list[Result]) -> str:
@@ -636,11 +702,7 @@ def table(results: list[Result]) -> str:
     def row(label: str, *values: object) -> None:
         rows.append((label, *(str(v) for v in values)))
 
-    row("burst: fingerprints/s processed", *(f"{r.burst_fps:,.0f}" for r in results))
-    if len(results) > 1:
-        base = results[0].burst_fps
-        row("  against the first", *(f"{r.burst_fps / base:.2f}" for r in results))
-    row("burst: exchanges", *(r.burst_exchanges for r in results))
+    row("warm-up burst: fingerprints/s processed", *(f"{r.burst_fps:,.0f}" for r in results))
     row("load: exchanges sent by the SDK", *(r.load_exchanges for r in results))
     row("acknowledged (202), burst and load", *(r.acknowledged for r in results))
     row("  processed exactly once", *(r.processed_once for r in results))
@@ -669,7 +731,24 @@ def table(results: list[Result]) -> str:
                 ),
             )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    cost = results[0].cost_fps
+    if cost:
+        median = {mode: statistics.median(v) for mode, v in cost.items()}
+        lines.append(
+            "cost of always, bursts in turn on one Redis (fingerprints/s processed): "
+            + "; ".join(f"{m} median {median[m]:,.0f} ({', '.join(f'{v:,.0f}' for v in cost[m])})" for m in cost)
+            + f"; always/everysec {median['always'] / median['everysec']:.2f}"
+        )
+    raw = results[0].cost_set_per_s
+    if raw:
+        median = {mode: statistics.median(v) for mode, v in raw.items()}
+        lines.append(
+            "redis-benchmark SET/s, 8 clients, no pipelining: "
+            + "; ".join(f"{m} median {median[m]:,.0f}" for m in raw)
+            + f"; always/everysec {median['always'] / median['everysec']:.2f}"
+        )
+    return "\n".join(lines)
 
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
@@ -679,7 +758,10 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=20, help="the SDK's batch size")
     p.add_argument("--settle", type=float, default=8.0, help="seconds of plain load before each fault and at the end")
     p.add_argument("--pg-outage", type=float, default=30.0, help="seconds PostgreSQL is cut off")
-    p.add_argument("--burst", type=int, default=2000, help="exchanges of the closed-loop throughput burst")
+    p.add_argument("--burst", type=int, default=1000, help="exchanges of each closed-loop throughput burst")
+    p.add_argument(
+        "--cost-rounds", type=int, default=3, help="pairs of bursts, everysec then always, on the first run's Redis"
+    )
     p.add_argument("--leak-share", type=float, default=0.03, help="share of answers carrying a planted leak")
     p.add_argument("--no-host-crash", dest="host_crash", action="store_false", help="skip the simulated power loss")
     p.add_argument("--drain-timeout", type=float, default=120.0)
@@ -712,10 +794,12 @@ def run(args: argparse.Namespace) -> list[Result]:
         flush=True,
     )
     leaks = planted(texts) | planted(burst_texts)
-    results = []
+    results: list[Result] = []
     for fsync in modes:
         with tempfile.TemporaryDirectory(prefix="bleedwatch-faults-", dir="/var/tmp") as tmp:
-            result, acks, docs, marked, found = asyncio.run(drive(args, exchanges, burst, fsync, Path(tmp)))
+            result, acks, docs, marked, found = asyncio.run(
+                drive(args, exchanges, burst, fsync, Path(tmp), cost=not results)
+            )
         results.append(count(result, acks, docs, marked, found, leaks))
     return results
 
