@@ -117,7 +117,10 @@ class Result:
     lost: int = 0
     processed_twice: int = 0
     partial: int = 0
-    partial_how: dict[str, int] = field(default_factory=dict)  # "mark 1, prompt docs 0, response docs 1": count
+    partial_how: dict[str, int] = field(default_factory=dict)
+    odd: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # exchanges not processed exactly once, not lost  # "mark 1, prompt docs 0, response docs 1": count
     processed_unacknowledged: int = 0
     leaks_planted: int = 0
     leaks_found_once: int = 0
@@ -389,7 +392,7 @@ async def drive(
     fsync: str,
     work: Path,
     cost: bool,
-) -> tuple[Result, list[Ack], dict[tuple[str, str, str], int], set[tuple[str, str]], list[dict[str, Any]]]:
+) -> tuple[Result, list[Ack], dict[tuple[str, str, str], list[int]], set[tuple[str, str]], list[dict[str, Any]]]:
     result = Result(fsync)
     redis_dir = work / "redis"
     sync_log = work / "aof-sync.log"
@@ -589,18 +592,19 @@ async def drive(
         server.kill()
 
 
-def documents(client: redis.Redis, keys: Keys) -> dict[tuple[str, str, str], int]:
-    """(tenant, request id, kind) -> how many documents Redis holds for it."""
-    out: Counter[tuple[str, str, str]] = Counter()
+def documents(client: redis.Redis, keys: Keys) -> dict[tuple[str, str, str], list[int]]:
+    """(tenant, request id, kind) -> the refs of the documents Redis holds for it."""
+    out: dict[tuple[str, str, str], list[int]] = {}
     names = list(client.scan_iter(match=keys.doc_pattern(), count=1000))
     for i in range(0, len(names), 500):
         with client.pipeline(transaction=False) as pipe:
             for name in names[i : i + 500]:
                 pipe.get(name)
-            for raw in pipe.execute():
+            for name, raw in zip(names[i : i + 500], pipe.execute(), strict=True):
                 if raw is not None:
                     _, meta = decode_doc(raw)
-                    out[(meta.tenant, meta.request_id, meta.kind.name or "")] += 1
+                    ref = int(name.rsplit(b":", 1)[1])
+                    out.setdefault((meta.tenant, meta.request_id, meta.kind.name or ""), []).append(ref)
     return out
 
 
@@ -620,7 +624,7 @@ def done_marks(client: redis.Redis, keys: Keys, exchanges: set[tuple[str, str]])
 def count(
     result: Result,
     acks: list[Ack],
-    docs: dict[tuple[str, str, str], int],
+    docs: dict[tuple[str, str, str], list[int]],
     marked: set[tuple[str, str]],
     found: list[dict[str, Any]],
     leaks: dict[str, str],
@@ -632,7 +636,12 @@ def count(
     result.acknowledged = len(acked)
     lost: list[tuple[str, str]] = []
     for ex in acked:
-        prompt, response = docs.get((*ex, "PROMPT"), 0), docs.get((*ex, "RESPONSE"), 0)
+        refs = docs.get((*ex, "PROMPT"), []), docs.get((*ex, "RESPONSE"), [])
+        prompt, response = len(refs[0]), len(refs[1])
+        odd = not (ex in marked and prompt == response == 1) and (prompt or response or ex in marked)
+        if odd and len(result.odd) < 30:  # what became of it: for the story in RESULTS.md
+            answers = [round(a.at, 2) for a in acks if ex in a.exchanges]
+            result.odd.append({"exchange": ex[1], "marked": ex in marked, "refs": refs, "answered_at": answers})
         if ex in marked and prompt == response == 1:
             result.processed_once += 1
         elif ex not in marked and prompt == response == 0:
