@@ -4,10 +4,11 @@ Under steady SDK load with planted leaks: Redis killed (kill -9) and restarted f
 simulated power loss (the AOF cut back to its last fsync), PostgreSQL cut off through a proxy, a
 replica killed while it holds a batch. Every acknowledged exchange is processed exactly once
 (marked done, one document per side, none replaced by another's after the power loss rolled the
-ref counter back), except what the power loss took, which with ``appendfsync everysec`` is the last second or two of acknowledgements and
-never anything else; each leak found once unless a side of it was lost; no duplicate finding, no
-dead letter, nothing dropped by the SDK. Bounded to well under a minute; the full drill, with its
-figures and ``appendfsync always``, is ``bench/faults.py`` (docs/performance.md).
+ref counter back), except what the power loss took, which with ``appendfsync everysec`` is the
+last second or two of acknowledgements and never anything else; each leak found once unless a side
+of it was lost; no duplicate finding, no dead letter, nothing dropped by the SDK. About a minute;
+the full drill, with its figures and ``appendfsync always``, is ``bench/faults.py``
+(docs/performance.md).
 """
 
 from __future__ import annotations
