@@ -49,8 +49,18 @@ def redis_binary() -> str:
 class RedisServer:
     """One redis-server of ours. ``kill()`` is SIGKILL; ``start()`` again reuses the port and directory."""
 
-    def __init__(self, directory: Path, port: int | None = None, *, durable: bool = False, args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        *,
+        durable: bool = False,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
+        """``env``: the server's environment (bench/faults.py preloads a library that logs AOF fsyncs)."""
         self.directory = directory
+        self.env = env
         self.port = port if port is not None else free_port_pair(0)
         self.durable = durable
         self.args = args
@@ -80,7 +90,9 @@ class RedisServer:
         ]
 
     def start(self, timeout: float = 10.0) -> None:
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
+        )
         deadline = time.monotonic() + timeout
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
         try:

@@ -153,6 +153,19 @@ async def test_entries_expire_with_the_window(index: Index, settings: Settings) 
     assert await index.insert(NS, [doc(2, 2, Kind.RESPONSE, words("difflib"))], later) == []
 
 
+async def test_a_document_is_never_replaced_by_another_exchanges(index: Index) -> None:
+    """A ref handed out twice (Redis lost its counter's last writes) leaves the first document and says so."""
+    first = DocMeta("acme", "r-1", Kind.PROMPT, "m", NOW, 3, {}, Params())
+    assert await index.put_docs(NS, {20: first}, NOW) == set()
+    assert await index.put_docs(NS, {20: first}, NOW) == set()  # the same exchange processed again
+    other = DocMeta("zeta", "r-9", Kind.PROMPT, "m", NOW, 4, {}, Params())
+    answer = DocMeta("zeta", "r-9", Kind.RESPONSE, "m", NOW, 5, {}, Params())
+    assert await index.put_docs(NS, {20: other, 21: answer}, NOW) == {20}
+    got = await index.get_docs(NS, [20, 21], NOW)
+    assert (got[20].tenant, got[20].request_id) == ("acme", "r-1")
+    assert (got[21].tenant, got[21].kind) == ("zeta", Kind.RESPONSE)
+
+
 async def test_docs_round_trip_and_expire(index: Index, settings: Settings) -> None:
     f = fp(words("sqlite3"))
     params = Params(n=5, w=7, sample_after=100, sample_mod=3)

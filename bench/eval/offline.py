@@ -46,12 +46,12 @@ class _Index(MemoryIndex):
 
     responses: dict[str, tuple[str, int, int]]  # request id -> key id, doc ref, tenant ref
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None:
+    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         refs = await self.tenant_refs(sorted({m.tenant for m in docs.values()}))
         for ref, meta in docs.items():
             if meta.kind == Kind.RESPONSE:
                 self.responses[meta.request_id] = (ns, ref, refs[meta.tenant])
-        await super().put_docs(ns, docs, now)
+        return await super().put_docs(ns, docs, now)
 
 
 @dataclass

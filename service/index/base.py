@@ -30,6 +30,11 @@ class Kind(enum.IntFlag):
     RESPONSE = 2
 
 
+def same_exchange(a: DocMeta, b: DocMeta) -> bool:
+    """Whether two documents are the same text of the same exchange (a batch processed again)."""
+    return (a.tenant, a.request_id, a.kind) == (b.tenant, b.request_id, b.kind)
+
+
 def kind_name(kind: Kind) -> str:
     return "response" if kind & Kind.RESPONSE else "prompt"
 
@@ -244,7 +249,15 @@ class Index(Protocol):
         """The first of ``count`` fresh, never reused document refs."""
         ...
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None: ...
+    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
+        """Store each document under its ref, unless the ref holds another exchange's document.
+
+        Returns those refs, left as they were. A ref is handed out twice only when Redis lost the
+        last writes to its counter (a power loss with ``appendfsync everysec``) while a worker held a
+        batch accepted just before: the caller takes new refs for those exchanges, so neither batch's
+        documents replace the other's (bench/RESULTS.md, 2026-12-05, the fault drill).
+        """
+        ...
 
     async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         """Metadata of documents still within the retention window; missing ones are left out."""

@@ -9,7 +9,19 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
-from service.index.base import PROMPT_BIT, RESPONSE_BIT, Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
+from service.index.base import (
+    PROMPT_BIT,
+    RESPONSE_BIT,
+    Doc,
+    DocMeta,
+    Entry,
+    Hit,
+    Kind,
+    Lookup,
+    Outbox,
+    Queue,
+    same_exchange,
+)
 from service.index.keys import DOC_REF_LIMIT, Keys
 from service.index.outbox import MemoryOutbox
 from service.index.queue import MemoryQueue
@@ -86,11 +98,17 @@ class MemoryIndex:
             next(self._doc_seq)
         return first
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None:
-        gen = self._window.current(now)
-        for ref, meta in docs.items():
-            self._docs[(ns, ref)] = (gen, meta)
+    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         self._expire(now)
+        gen = self._window.current(now)
+        taken = set()
+        for ref, meta in docs.items():
+            held = self._docs.get((ns, ref))
+            if held is not None and not same_exchange(held[1], meta):
+                taken.add(ref)
+                continue
+            self._docs[(ns, ref)] = (gen, meta)
+        return taken
 
     async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         self._expire(now)

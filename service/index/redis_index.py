@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from service import metrics
 from service.fingerprint.scheme import Params
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue
+from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue, same_exchange
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
 from service.index.queue import RedisQueue, ShardedQueue
@@ -352,15 +352,31 @@ class RedisIndex:
         (last,) = await self._scripts([(self._doc_refs_script, [self._keys.doc_seq], [count, DOC_REF_LIMIT])])
         return int(last) - count + 1
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> None:
+    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         if not docs:
-            return
+            return set()
         ttl, gen = self._window.ttl_seconds, self._window.current(now)
+        encoded = {ref: encode_doc(meta, gen) for ref, meta in docs.items()}
         async with self._r.pipeline(transaction=False) as pipe:
-            for ref, meta in docs.items():
-                pipe.set(self._keys.doc(ns, ref), encode_doc(meta, gen), ex=ttl)
+            for ref, value in encoded.items():  # written only where there is none: one round trip as before
+                pipe.set(self._keys.doc(ns, ref), value, ex=ttl, nx=True, get=True)
             metrics.REDIS_ROUND_TRIPS.inc()
-            await pipe.execute()
+            held = await pipe.execute()
+        taken: set[int] = set()
+        again = []  # the same exchange processed again (at least once): its document rewritten, TTL renewed
+        for (ref, meta), old in zip(docs.items(), held, strict=True):
+            if old is not None:
+                if same_exchange(decode_doc(old)[1], meta):
+                    again.append(ref)
+                else:
+                    taken.add(ref)
+        if again:
+            async with self._r.pipeline(transaction=False) as pipe:
+                for ref in again:
+                    pipe.set(self._keys.doc(ns, ref), encoded[ref], ex=ttl)
+                metrics.REDIS_ROUND_TRIPS.inc()
+                await pipe.execute()
+        return taken
 
     async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         if not refs:

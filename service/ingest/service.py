@@ -17,7 +17,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -258,6 +258,39 @@ class Ingestor:
             accepted=accepted, duplicates=duplicates, findings=findings, processed=True, results=results
         )
 
+    async def _put_docs(
+        self,
+        ns: str,
+        docs: list[Doc],
+        metas: dict[int, DocMeta],
+        refs: list[int],
+        positions: list[int],
+        now: float,
+    ) -> tuple[list[Doc], dict[int, DocMeta]]:
+        """Store the documents; an exchange whose refs hold another exchange's documents gets new ones
+        (``refs`` is updated in place).
+
+        Refs are handed out twice only after Redis lost the last writes to its counter (a power
+        loss with ``appendfsync everysec``) while a worker held a batch accepted just before. Without
+        this, whichever batch wrote last would replace the other's documents, and evidence from the
+        first one's text would name the second one's request and tenant.
+        """
+        taken = await self._index.put_docs(ns, metas, now)
+        for _ in range(3):
+            if not taken:
+                return docs, metas
+            moved = [i for i in positions if refs[i] in taken or refs[i] + 1 in taken]
+            log.warning("ingest_refs_reused", extra={"exchanges": len(moved)})
+            first = await self._index.new_doc_refs(2 * len(moved))
+            new: dict[int, int] = {}
+            for j, i in enumerate(moved):  # an exchange's prompt is its ref, its response the next one
+                new[refs[i]], new[refs[i] + 1] = first + 2 * j, first + 2 * j + 1
+                refs[i] = first + 2 * j
+            docs = [replace(d, ref=new.get(d.ref, d.ref)) for d in docs]
+            metas = {new.get(r, r): m for r, m in metas.items()}
+            taken = await self._index.put_docs(ns, {r: metas[r] for r in new.values()}, now)
+        raise RuntimeError("document refs kept colliding after new ones were taken three times")
+
     async def _ingest_group(
         self,
         ns: str,
@@ -302,7 +335,7 @@ class Ingestor:
                     values=text.values if kind == Kind.RESPONSE else None,
                     offsets=text.offsets if kind == Kind.RESPONSE else None,
                 )
-        await self._index.put_docs(ns, metas, now)
+        docs, metas = await self._put_docs(ns, docs, metas, refs, [i for i, _ in fresh], now)
         with metrics.MATCH_DURATION.time():
             hits = await self._index.insert(ns, docs, now)
             drafts = await self._matcher.evaluate(ns, docs, metas, hits, now)
