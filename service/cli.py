@@ -10,8 +10,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
 from service.auth.keys import Role
-from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.sim.cli import add_parser as add_sim_parser
 
 

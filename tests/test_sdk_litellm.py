@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from bleedwatch.client import BleedwatchClient, Undelivered
+from bleedwatch.litellm import BleedwatchLogger, bleedwatch_callback, exchange_from_callback
 from service.auth.keys import Role
 from service.config import Settings
-from service.sdk.client import BleedwatchClient, Undelivered
-from service.sdk.litellm import BleedwatchLogger, bleedwatch_callback, exchange_from_callback
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY, words
 

@@ -2,7 +2,7 @@
 
 On a LiteLLM proxy, put a one-line file beside ``config.yaml``, ``bleedwatch_callbacks.py``::
 
-    from service.sdk.litellm import bleedwatch_callback
+    from bleedwatch.litellm import bleedwatch_callback
 
 and add the config line::
 
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params
-from service.sdk.client import BleedwatchClient
-from service.sdk.exchange import Scalar
+from bleedwatch.client import BleedwatchClient
+from bleedwatch.exchange import Scalar
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
 
 if TYPE_CHECKING:
     _CustomLogger = object
