@@ -2,9 +2,9 @@
 completions and Responses API, and Anthropic messages, each plain or streamed (SSE).
 
 Standard library only: it runs inside the LiteLLM venv (tests/test_sdk_litellm_real.py), where
-bleedwatch's server packages are absent. The answer is the request's ``metadata``-free last
-user text reversed word by word, so a test knows what LiteLLM must have assembled without the
-upstream keeping state; ``ANSWER_PREFIX`` lets a test plant a known answer instead.
+bleedwatch's server packages are absent. A user text ``recite:<name>`` is answered with
+``RECITALS[name]`` (how a test plants a leaked answer); any other with its words reversed.
+Streams are cut at word boundaries, so LiteLLM has to assemble the answer from many chunks.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-ANSWER_PREFIX = "answer:"  # a user text "answer:<text>" is answered with <text>
+RECITALS: dict[str, str] = {}
 
 
 def _user_text(body: dict[str, Any]) -> str:
@@ -36,8 +36,9 @@ def _user_text(body: dict[str, Any]) -> str:
 
 def answer_for(body: dict[str, Any]) -> str:
     text = _user_text(body)
-    if ANSWER_PREFIX in text:
-        return text.split(ANSWER_PREFIX, 1)[1].strip()
+    for word in text.split():
+        if word.startswith("recite:") and word[len("recite:") :] in RECITALS:
+            return RECITALS[word[len("recite:") :]]
     return " ".join(reversed(text.split()))
 
 

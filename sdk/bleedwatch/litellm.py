@@ -17,9 +17,11 @@ held for the process's life), and a restarted worker takes over the free slot an
 
 Covered: ``completion``/``acompletion``, ``text_completion``/``atext_completion``,
 ``responses``/``aresponses`` and ``anthropic_messages``, plain or streamed (LiteLLM hands the
-assembled answer to its success hooks once a stream ends). Sync calls reach ``log_success_event``
-in a LiteLLM thread; their exchanges go to a client on the callback's own event loop thread, so
-neither hook ever waits for the network. The same exchange reported twice (LiteLLM calls both
+assembled answer to its success hooks once a stream ends). Both hooks hand exchanges to one
+client per worker process, running on the callback's own event loop thread: sync calls reach
+``log_success_event`` in a LiteLLM thread with no loop, and LiteLLM runs some async hooks on
+short-lived loops (a sync stream's), where a client's queue would be stranded. Neither hook
+waits for the network. The same exchange reported twice (LiteLLM calls both
 hooks for some sync streams) is sent once.
 
 The callback reads LiteLLM's documented callback arguments (``kwargs`` with
@@ -256,9 +258,9 @@ class BleedwatchLogger(_CustomLogger):
     ``BLEEDWATCH_FINGERPRINT_KEY`` (hex) and ``BLEEDWATCH_SPOOL_DIR``, read at the first call so
     the proxy can start first and each forked worker claims its own spool.
 
-    One ``BleedwatchClient`` per event loop: the proxy's loop for async calls, the callback's own
-    loop thread for sync ones (an httpx client and its background sender belong to one loop).
-    ``client`` (for tests) is the one used on the first loop that reports."""
+    One ``BleedwatchClient`` per process, on the callback's own loop thread (an httpx client and
+    its background sender belong to one loop). A ``client`` passed in (tests) is used instead, on
+    the loop of the async hook that first reports."""
 
     def __init__(
         self,
@@ -391,8 +393,12 @@ class BleedwatchLogger(_CustomLogger):
         """LiteLLM's hook for a successful async call (the whole answer, also when it was streamed)."""
         try:
             exchange = self._exchange(kwargs, response_obj, start_time)
-            if exchange is not None:
+            if exchange is None:
+                return
+            if self._given is not None:
                 await self._submit(exchange)
+            else:
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._submit(exchange), self._own_loop()))
         except Exception as exc:  # a monitoring callback must never fail the proxy's request
             self.errors += 1
             log.error("bleedwatch callback failed: %s", type(exc).__name__)
@@ -403,7 +409,7 @@ class BleedwatchLogger(_CustomLogger):
         try:
             exchange = self._exchange(kwargs, response_obj, start_time)
             if exchange is not None:
-                future = asyncio.run_coroutine_threadsafe(self._submit(exchange), self._sync_loop())
+                future = asyncio.run_coroutine_threadsafe(self._submit(exchange), self._own_loop())
                 future.add_done_callback(self._count_failure)
         except Exception as exc:  # as above: never into the caller's call
             self.errors += 1
@@ -420,8 +426,8 @@ class BleedwatchLogger(_CustomLogger):
     def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         """A failed call carries no answer: nothing to check."""
 
-    # --- the sync hook's loop ----------------------------------------------------------------
-    def _sync_loop(self) -> asyncio.AbstractEventLoop:
+    # --- the callback's own loop ------------------------------------------------------------
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             self._forked()
             if self._loop is None:
@@ -432,17 +438,19 @@ class BleedwatchLogger(_CustomLogger):
             return self._loop
 
     def _close_at_exit(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Deliver (or spool) what sync calls left queued before the interpreter ends."""
+        """Deliver (or spool) what is still queued before the interpreter ends."""
         if loop is self._loop and loop in self._clients:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(self._clients[loop].aclose(), loop).result(timeout=30)
 
     async def _on_each(self, action: str) -> None:
-        """``flush`` or ``aclose`` every client, each on its own loop."""
+        """``flush`` or ``aclose`` every client, each on its loop."""
         here = asyncio.get_running_loop()
         with self._lock:
             clients = list(self._clients.items())
         for loop, client in clients:
+            if loop.is_closed():
+                continue
             coro: Coroutine[Any, Any, None] = getattr(client, action)()
             if loop is here:
                 await coro
@@ -450,7 +458,7 @@ class BleedwatchLogger(_CustomLogger):
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     async def flush(self) -> None:
-        """Deliver what is queued now, from async and sync calls alike."""
+        """Deliver what is queued now."""
         await self._on_each("flush")
 
     async def aclose(self) -> None:
