@@ -1,6 +1,6 @@
 """Drives the real ``litellm`` package through every call type the bleedwatch callback covers,
 plain and streamed, against the fake upstream (tests/litellm_upstream.py), with the callback
-registered the way a proxy registers it. Runs inside the LiteLLM venv, with sdk/ and tests/ on
+registered the way a proxy registers it. Runs inside the LiteLLM venv, with sdk/ and the checkout on
 PYTHONPATH; reads its job as JSON on stdin and prints what the callback did as JSON.
 
 Each case is a team of its own (``metadata.user_api_key_team_id``, what the proxy's auth sets)
@@ -21,9 +21,9 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list
 
 import litellm
-import litellm_upstream
 
 from bleedwatch.litellm import BleedwatchLogger
+from tests import litellm_upstream
 
 OPENAI_MODEL = "openai/gpt-4o-mini"
 TEXT_MODEL = "openai/gpt-3.5-turbo-instruct"

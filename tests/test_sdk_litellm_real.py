@@ -96,7 +96,7 @@ def test_every_call_type_through_real_litellm_becomes_a_finding(
         "cases": CASES,
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BLEEDWATCH_", "PYTHON"))}
-    env |= {"PYTHONPATH": f"{SDK}:{ROOT / 'tests'}", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env |= {"PYTHONPATH": f"{SDK}:{ROOT}", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     done = subprocess.run(
         [litellm_python, str(ROOT / "tests" / "litellm_drive.py")],
         input=json.dumps(job),
