@@ -6,9 +6,9 @@
 #   docker run --rm -e BLEEDWATCH_DATABASE_URL=... bleedwatch migrate
 #   docker run --rm -e BLEEDWATCH_DATABASE_URL=... bleedwatch keys create --name gw --role ingest
 #
-# Two stages: the builder makes the bleedwatch wheel (hatchling, migrations force-included as
-# service/migrations) and installs it with its dependencies into /opt/bleedwatch; the runtime stage
-# copies only that virtualenv. Both stages use the same base so the venv's interpreter path matches.
+# Two stages: the builder makes the bleedwatch-sdk wheel (sdk/) and the bleedwatch wheel (hatchling,
+# migrations force-included as service/migrations) and installs both with their dependencies into
+# /opt/bleedwatch; the runtime stage copies only that virtualenv. Both stages use the same base so the venv's interpreter path matches.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -23,21 +23,27 @@ RUN python -m venv /opt/bleedwatch
 
 WORKDIR /src
 
-# Dependencies first, from pyproject.toml alone, so editing the code does not reinstall them; with
-# the `public` extra (licensedcode-data, about 170 MB installed) so `bleedwatch allowlist import-public`
-# runs from the image.
+# Dependencies first, from the two pyproject.toml files alone, so editing the code does not
+# reinstall them; with the `public` extra (licensedcode-data, about 170 MB installed) so
+# `bleedwatch allowlist import-public` runs from the image. bleedwatch-sdk is not taken from an
+# index: it is built from sdk/ below.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['public']))" \
+COPY sdk/pyproject.toml ./sdk/
+RUN python -c "import tomllib; \
+p = tomllib.load(open('pyproject.toml', 'rb'))['project']; s = tomllib.load(open('sdk/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(d for d in p['dependencies'] + p['optional-dependencies']['public'] + s['dependencies'] \
+                 if not d.startswith(s['name'])))" \
         > /tmp/requirements.txt \
  && /opt/bleedwatch/bin/pip install -r /tmp/requirements.txt
 
-# The project: build the wheel (no deps: those are installed above) and install it.
+# The project: build the SDK's wheel (bleedwatch_sdk-*.whl, package `bleedwatch`) and the
+# server's (bleedwatch-*.whl, package `service`), no deps (installed above), and install both.
+COPY sdk ./sdk
 COPY README.md ./
 COPY service ./service
 COPY migrations ./migrations
-RUN pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/bleedwatch/bin/pip install /wheels/bleedwatch-*.whl \
+RUN pip wheel --no-deps --wheel-dir /wheels ./sdk . \
+ && /opt/bleedwatch/bin/pip install /wheels/bleedwatch_sdk-*.whl /wheels/bleedwatch-*.whl \
  && /opt/bleedwatch/bin/pip check
 
 # Fail the build if the installed package cannot find its migrations (`bleedwatch migrate` needs

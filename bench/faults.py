@@ -69,11 +69,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ingest import all_findings
 from bench.load import Mix, Poster, TextPair, batches, chat_texts, fingerprint_all, fingerprint_count, percentile
 from bench.service import BLEEDWATCH, DATABASE_URL, LISTPACK_LIMITS
+from bleedwatch import BleedwatchClient
 from service.index.keys import Keys
 from service.index.queue import GROUP
 from service.index.redis_index import decode_doc
 from service.local_server import free_port
-from service.sdk import BleedwatchClient
 from tests.redis_servers import RedisServer
 from tests.tcp_proxy import TcpProxy
 

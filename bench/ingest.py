@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import Mix, Poster, batches, chat_texts, cpu_seconds, fingerprint_all, percentile, process_tree
 from bench.service import redis_nodes, running_service
-from service.fingerprint.scheme import DEFAULT_PARAMS
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
 from service.index.keys import Keys
 
 

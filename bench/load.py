@@ -29,8 +29,8 @@ import numpy as np
 import orjson
 
 from bench.corpus import docstrings
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params
-from service.sdk.exchange import fingerprint_exchange
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
 
 KEY = bytes(range(32, 64))
 

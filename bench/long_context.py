@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import KEY, _corpus, process_tree
 from bench.service import running_service
-from service.sdk.exchange import fingerprint_exchange
+from bleedwatch.exchange import fingerprint_exchange
 
 
 def status_kb(pid: int, field: str) -> int:

@@ -35,7 +35,7 @@ import redis.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.fingerprint.scheme import Params
+from bleedwatch.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Kind
 from service.index.keys import Keys
 from service.index.redis_index import RedisIndex

@@ -17,9 +17,9 @@ import random
 import numpy as np
 
 from bench.corpus import docstrings
+from bleedwatch.fingerprint.scheme import Params, fingerprint_text
 from service.app import thresholds as app_thresholds
 from service.config import Settings
-from service.fingerprint.scheme import Params, fingerprint_text
 from service.matching.evidence import Budget, Match, Response, Thresholds, evaluate, is_finding
 
 SPANS = (16, 24, 32, 64, 128, 512)

@@ -34,8 +34,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import KEY, _corpus, percentile
+from bleedwatch.client import BleedwatchClient
 from service.local_server import free_port
-from service.sdk.client import BleedwatchClient
 
 
 def stub_sidecar(port: int) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
 from service.auth.keys import Role
-from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.responder import add_parsers as add_responder_parsers
 from service.sim.cli import add_parser as add_sim_parser
 

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.ingest.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
+from bleedwatch.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
 from service.webhooks import targets as paging
 
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")

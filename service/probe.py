@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params, fingerprint_text, key_id
 from service.allowlist import public
 from service.allowlist.packed import sorted_unique
 from service.allowlist.upload import EntryUpload, blocks, check, every_shingle, text_files
-from service.fingerprint.encoding import U32_LE, U64_LE, encode
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params, fingerprint_text, key_id
 
 # Canary text is fingerprinted whole: a sampled text's fingerprints are a subset.
 UNSAMPLED = Params(n=DEFAULT_PARAMS.n, w=DEFAULT_PARAMS.w, sample_mod=1)

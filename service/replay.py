@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from service.sdk.client import BleedwatchClient
-from service.sdk.exchange import fingerprint_exchange
+from bleedwatch.client import BleedwatchClient
+from bleedwatch.exchange import fingerprint_exchange
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """A deliberately plain implementation of scheme bw1, written from docs/fingerprint-spec.md alone.
 
-It shares no code with service/fingerprint/: no numpy, no regular expressions, one code point
+It shares no code with sdk/bleedwatch/fingerprint/: no numpy, no regular expressions, one code point
 at a time, integers reduced mod 2**64 by hand. Slow, and meant to be obviously right; the tests
 hold it and the service against the same vectors and against each other.
 """

@@ -13,14 +13,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bleedwatch.fingerprint.encoding import U64_LE, encode
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params, key_id
 from service.allowlist import routes, store
 from service.allowlist.models import AllowlistChunk
 from service.allowlist.packed import unpack
 from service.auth.keys import Role
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
-from service.fingerprint.encoding import U64_LE, encode
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params, key_id
 from service.matching.known import KnownFingerprints
 from service.migrate import upgrade
 from tests.conftest import Api

@@ -20,7 +20,7 @@ from bench.eval.families import (
     private_passages,
     public_texts,
 )
-from service.fingerprint.tokens import tokenize
+from bleedwatch.fingerprint.tokens import tokenize
 
 CHEAP = ("reference", "changelogs", "legal", "docs")
 LIMIT = 15_000

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.fingerprint.scheme import Params, winnow
+from bleedwatch.fingerprint.scheme import Params, winnow
 from service.matching.evidence import (
     GAP_TOKENS,
     JOIN_TOKENS,

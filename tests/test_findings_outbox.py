@@ -21,6 +21,7 @@ import httpx
 import orjson
 import pytest
 
+from bleedwatch.client import BleedwatchClient
 from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
@@ -30,7 +31,6 @@ from service.index.base import Index
 from service.ingest.outbox import FindingsWriter, decode_draft, encode_draft
 from service.matching.matcher import FindingDraft
 from service.migrate import upgrade
-from service.sdk.client import BleedwatchClient
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
 from tests.conftest import _truncate as truncate
 from tests.tcp_proxy import tcp_proxy

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode, encode
-from service.fingerprint.scheme import Fingerprints, Params, fingerprint_text
-from service.fingerprint.tokens import tokenize
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode, encode
+from bleedwatch.fingerprint.scheme import Fingerprints, Params, fingerprint_text
+from bleedwatch.fingerprint.tokens import tokenize
 
 KEY = bytes(range(32))
 

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.fingerprint.encoding import U32_LE, U64_LE, decode, encode
-from service.fingerprint.scheme import (
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, decode, encode
+from bleedwatch.fingerprint.scheme import (
     SCHEME_VERSION,
     Params,
     fingerprint_text,
@@ -28,8 +29,7 @@ from service.fingerprint.scheme import (
     token_hashes,
     winnow,
 )
-from service.fingerprint.tokens import _token_patterns, normalize, tokenize, utf8_tokens
-from service.sdk.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.tokens import _token_patterns, normalize, tokenize, utf8_tokens
 from tests import fingerprint_reference as ref
 
 VECTOR_FILE = Path(__file__).parent / "vectors" / "fingerprint-bw1.json"

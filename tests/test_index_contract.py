@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
+from bleedwatch.fingerprint.scheme import Params
 from service.config import Settings
-from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind
 from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words

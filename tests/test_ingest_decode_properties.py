@@ -16,8 +16,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.errors import Invalid, PayloadTooLarge
-from service.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.ingest.decode import Limits, check_batch, decode_array, decode_text
 from service.ingest.schemas import Batch, Text
 from tests.traffic import exchange

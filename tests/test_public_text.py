@@ -20,16 +20,16 @@ import httpx
 import numpy as np
 import pytest
 
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params, fingerprint_text, key_id
 from service.allowlist import public, upload
 from service.allowlist.packed import sorted_unique
 from service.app import create_app
 from service.auth.keys import Role
 from service.cli import main
 from service.config import Settings
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params, fingerprint_text, key_id
 from service.local_server import local_server
 from service.migrate import upgrade
-from service.sdk.exchange import fingerprint_exchange
 from tests.conftest import _create_keys
 from tests.traffic import KEY, TEXTS, words
 

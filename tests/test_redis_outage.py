@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from bleedwatch.client import BleedwatchClient
 from service.auth.keys import Role
 from service.config import Settings
-from service.sdk.client import BleedwatchClient
 from tests.conftest import _truncate as truncate
 from tests.conftest import running_api
 from tests.redis_servers import RedisServer

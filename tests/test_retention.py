@@ -11,6 +11,7 @@ import orjson
 import pytest
 from sqlalchemy import func, select, update
 
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
 from service.audit import tenant_hash
 from service.audit.models import AuditEntry
 from service.auth.keys import Role
@@ -18,7 +19,6 @@ from service.cli import main
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope, utcnow
 from service.findings.models import Finding
-from service.fingerprint.scheme import DEFAULT_PARAMS
 from service.incidents.models import Incident
 from service.index.base import DocMeta, Index, Kind
 from service.ingest.outbox import encode_draft

@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bleedwatch.client import BleedwatchClient, Rejected, Undelivered, retry_after
+from bleedwatch.limits import NAME_MAX_CHARS
 from service.auth.keys import Role
 from service.config import Settings
-from service.ingest.limits import NAME_MAX_CHARS
 from service.local_server import free_port, local_server
-from service.sdk.client import BleedwatchClient, Rejected, Undelivered, retry_after
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY, exchange, words
 

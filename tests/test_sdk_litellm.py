@@ -1,28 +1,31 @@
-"""The LiteLLM callback, called the way LiteLLM calls a CustomLogger.
+"""The LiteLLM callback, called the way LiteLLM calls a CustomLogger, in the suite's own venv.
 
-LiteLLM is not a dependency (381 MB installed, and at import it fetches a model price list from
-the internet unless LITELLM_LOCAL_MODEL_COST_MAP=True), so CI drives the callback through
-LiteLLM's documented interface: ``async_log_success_event(kwargs, response_obj, start_time,
-end_time)`` with ``kwargs`` carrying ``standard_logging_object`` (docs.litellm.ai, "Custom
-Callbacks" and "StandardLoggingPayload"). Where LiteLLM is installed, the first test also holds
-the class to LiteLLM's own ``CustomLogger``; with litellm 1.110.2 installed the whole file passes.
+LiteLLM is not a dependency (about 450 MB installed), so these tests drive the callback through
+LiteLLM's interface: ``async_log_success_event``/``log_success_event(kwargs, response_obj,
+start_time, end_time)`` with ``kwargs`` carrying ``standard_logging_object``, shaped as litellm
+1.110.2 hands them. tests/test_sdk_litellm_real.py runs the real package, in a venv of its own.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
+from bleedwatch.client import BleedwatchClient, Undelivered
+from bleedwatch.litellm import BleedwatchLogger, bleedwatch_callback, claim_spool, exchange_from_callback
 from service.auth.keys import Role
 from service.config import Settings
-from service.sdk.client import BleedwatchClient, Undelivered
-from service.sdk.litellm import BleedwatchLogger, bleedwatch_callback, exchange_from_callback
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY, words
 
@@ -66,10 +69,10 @@ def callback_kwargs(team: str | None, prompt: str, **slo: Any) -> dict[str, Any]
 
 
 def test_the_hooks_have_litellms_signature() -> None:
-    for hook in ("async_log_success_event", "async_log_failure_event"):
+    for hook in ("async_log_success_event", "async_log_failure_event", "log_success_event", "log_failure_event"):
         params = list(inspect.signature(getattr(BleedwatchLogger, hook)).parameters)
         assert params == ["self", "kwargs", "response_obj", "start_time", "end_time"]
-        assert inspect.iscoroutinefunction(getattr(BleedwatchLogger, hook))
+        assert inspect.iscoroutinefunction(getattr(BleedwatchLogger, hook)) == hook.startswith("async_")
     if importlib.util.find_spec("litellm") is None:
         assert BleedwatchLogger.__mro__[1] is object
     else:  # pragma: no cover - where LiteLLM is installed, LiteLLM must recognise it
@@ -201,3 +204,85 @@ async def test_bleedwatch_failing_never_fails_the_proxys_call(monkeypatch: pytes
     unconfigured = BleedwatchLogger()
     await unconfigured.async_log_success_event(callback_kwargs("t", "p"), response_obj("r", "a", 1), START, START)
     assert (unconfigured.submitted, unconfigured.skipped, unconfigured.errors) == (0, 1, 0)
+
+
+def test_every_call_types_answer_and_prompt_are_read() -> None:
+    """The shapes litellm 1.110.2 hands its hooks for each covered call type (as the real test saw them)."""
+    normalised = [{"role": "user", "content": "the prompt"}]
+
+    def slo_only(call_type: str, **extra: Any) -> dict[str, Any]:
+        kwargs = callback_kwargs("t", "unused", call_type=call_type, messages=normalised) | {"call_type": call_type}
+        del kwargs["messages"]  # text completions and the Responses API have none of their own
+        return kwargs | extra
+
+    text = SimpleNamespace(id="cmpl-1", choices=[SimpleNamespace(index=0, text="a text answer")], usage=None)
+    got = exchange_from_callback(slo_only("text_completion"), text, START)
+    assert got is not None
+    assert (got.prompt, got.response, got.request_id) == ("the prompt", "a text answer", "cmpl-1")
+
+    responses = {
+        "id": "resp_1",
+        "output": [
+            {"type": "reasoning", "content": None},
+            {"type": "message", "content": [{"type": "output_text", "text": "a responses answer"}]},
+        ],
+        "usage": {"input_tokens": 321},
+    }
+    kwargs = slo_only("aresponses", optional_params={"instructions": "be brief"})
+    got = exchange_from_callback(kwargs | {"async_complete_streaming_response": responses}, None, START)
+    assert got is not None
+    assert (got.prompt, got.response, got.meta["prompt_tokens"]) == (
+        "be brief\n\nthe prompt",
+        "a responses answer",
+        321,
+    )
+
+    anthropic = {"id": "msg_1", "content": [{"type": "text", "text": "an anthropic answer"}, {"type": "tool_use"}]}
+    got = exchange_from_callback(slo_only("anthropic_messages", optional_params={"system": "sys"}), anthropic, START)
+    assert got is not None
+    assert (got.prompt, got.response) == ("sys\n\nthe prompt", "an anthropic answer")
+
+    too_long = exchange_from_callback(
+        slo_only("responses", litellm_call_id="call-1"),
+        {"id": "r" * 300} | {"output": [{"type": "message", "content": [{"type": "output_text", "text": "a"}]}]},
+        START,
+    )
+    assert too_long is not None
+    assert too_long.request_id == "slo-id"  # the provider's id passes the service's limit: the next one
+
+
+async def test_an_exchange_litellm_reports_twice_is_sent_once() -> None:
+    sent: list[int] = []
+
+    def take(request: httpx.Request) -> httpx.Response:
+        sent.append(len(orjson.loads(request.content)["exchanges"]))
+        return httpx.Response(202, json={"accepted": sent[-1], "duplicates": 0, "results": []})
+
+    client = BleedwatchClient("http://bw", "bw_x_y", flush_seconds=3600, transport=httpx.MockTransport(take))
+    logger = BleedwatchLogger(client=client, fingerprint_key=KEY)
+    for _ in range(2):  # a sync stream: LiteLLM calls both hooks with the same answer
+        await logger.async_log_success_event(callback_kwargs("t", "p"), response_obj("r", "a", 1), START, START)
+    assert (logger.submitted, logger.skipped) == (1, 1)
+    await logger.aclose()
+    assert sent == [1]
+
+
+def test_each_worker_claims_a_spool_of_its_own(tmp_path: Path) -> None:
+    """The slot's flock is held for the process's life: a second worker gets the next slot, and a
+    replacement for a dead worker gets the freed one (and replays what it left)."""
+    script = (
+        "import sys, time; from bleedwatch.litellm import claim_spool; "
+        "print(claim_spool(sys.argv[1])[0], flush=True); time.sleep(60)"
+    )
+    with subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == str(tmp_path / "worker-0.spool")
+            path, fd = claim_spool(tmp_path)
+            assert path == tmp_path / "worker-1.spool"
+            os.close(fd)
+        finally:
+            holder.kill()
+    path, fd = claim_spool(tmp_path)
+    assert path == tmp_path / "worker-0.spool"
+    os.close(fd)

@@ -17,10 +17,10 @@ import httpx
 import orjson
 import pytest
 
+from bleedwatch.client import BleedwatchClient
+from bleedwatch.spool import HEADER, MAGIC, Spool
 from service import metrics
 from service.auth.keys import Role
-from service.sdk.client import BleedwatchClient
-from service.sdk.spool import HEADER, MAGIC, Spool
 from tests.conftest import Api
 from tests.traffic import exchange, words
 
@@ -188,7 +188,7 @@ def test_files_are_private_and_the_directory_is_fsynced(tmp_path: Path, monkeypa
 
 _WORKER = """
 import sys
-from service.sdk.spool import Spool
+from bleedwatch.spool import Spool
 
 path, name, count, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 spool = Spool(path, fsync="never")

@@ -14,8 +14,8 @@ import subprocess
 import unittest
 from typing import Any
 
-from service.fingerprint.scheme import Fingerprints, Params, fingerprint_text
-from service.sdk.exchange import fingerprint_exchange
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.scheme import Fingerprints, Params, fingerprint_text
 
 KEY = bytes(range(32))
 TEXTS = {

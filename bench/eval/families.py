@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from service.fingerprint.tokens import tokenize
+from bleedwatch.fingerprint.tokens import tokenize
 
 PASSAGE_WORDS = (60, 400)
 # Two passages are near-copies when they share two runs of ``SIDE_TOKENS`` tokens, in the same

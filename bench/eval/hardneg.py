@@ -51,10 +51,10 @@ from bench.corpus import docstrings
 from bench.eval.corpus import PASSAGE_WORDS, _changelogs_by_package, _pydoc_topics, near_copy_keys
 from bench.eval.run import all_findings
 from bench.service import running_service
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params
-from service.fingerprint.tokens import tokenize
-from service.sdk.client import BleedwatchClient
-from service.sdk.exchange import fingerprint_exchange
+from bleedwatch.client import BleedwatchClient
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
+from bleedwatch.fingerprint.tokens import tokenize
 
 STRATA = ("edit", "6-7", "8-9", "10-11", "12-15", "dropped")
 MAX_COMMON_RUN = 15  # 16 tokens in a row in common is a copy, not a shared phrase

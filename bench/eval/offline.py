@@ -16,9 +16,10 @@ import numpy as np
 import orjson
 
 from bench.eval.traffic import Traffic, wire
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.scheme import Params, fingerprint_text
 from service.app import thresholds
 from service.config import Settings
-from service.fingerprint.scheme import Params, fingerprint_text
 from service.index.base import DocMeta, Kind
 from service.index.memory import MemoryIndex
 from service.index.window import Window
@@ -27,7 +28,6 @@ from service.ingest.outbox import FindingsWriter, Written
 from service.ingest.service import Ingestor
 from service.matching.known import NO_CANARIES, Known, KnownFingerprints
 from service.matching.matcher import FindingDraft, Matcher
-from service.sdk.exchange import fingerprint_exchange
 
 # The traffic's clock: an exchange a hundredth of a second, ending before the replay starts.
 SECONDS_PER_EXCHANGE = 0.01

@@ -39,12 +39,12 @@ from bench.eval.families import SPLITS, held_out_public_texts, private_passages,
 from bench.eval.offline import SECONDS_PER_EXCHANGE
 from bench.eval.traffic import PERTURBATIONS, SOURCES, SPANS, Traffic, generate, wire
 from bench.service import Running, running_service
+from bleedwatch.client import BleedwatchClient
+from bleedwatch.exchange import fingerprint_exchange
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
+from bleedwatch.fingerprint.tokens import tokenize
 from service.allowlist.public import bundle
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params
-from service.fingerprint.tokens import tokenize
 from service.probe import allowlist_add, import_public
-from service.sdk.client import BleedwatchClient
-from service.sdk.exchange import fingerprint_exchange
 
 
 async def replay(service: Running, traffic: Traffic, key: bytes, batch: int, params: Params) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from service.fingerprint.encoding import U64_LE
+from bleedwatch.fingerprint.encoding import U64_LE
 
 U64 = npt.NDArray[np.uint64]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.fingerprint.tokens import tokenize
+from bleedwatch.fingerprint.tokens import tokenize
 
 DISTRIBUTION = "licensedcode-data"
 REQUIREMENT = "licensedcode-data>=32"

@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter, Depends, Path, Query
 
+from bleedwatch.fingerprint.encoding import U64_LE
 from service import audit
 from service.allowlist import store
 from service.allowlist.schemas import AllowlistIn, AllowlistMoreIn, AllowlistOut, AllowlistPage, Fingerprints, Label
@@ -14,7 +15,6 @@ from service.auth.keys import Caller, Role
 from service.db import session_scope
 from service.deps import Deps
 from service.errors import Conflict, Forbidden, Invalid, NotFound, PayloadTooLarge, Unauthorized, responses
-from service.fingerprint.encoding import U64_LE
 from service.ingest.decode import decode_array
 
 router = APIRouter(prefix="/v1/allowlist", tags=["allowlist"])

@@ -24,9 +24,9 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from bleedwatch.fingerprint.encoding import U64_LE, encode
+from bleedwatch.fingerprint.scheme import Params, fingerprint_text, key_id
 from service.allowlist.packed import sorted_unique, without
-from service.fingerprint.encoding import U64_LE, encode
-from service.fingerprint.scheme import Params, fingerprint_text, key_id
 
 REQUEST_FINGERPRINTS = 1_000_000  # 8 MB of values, 10.7 MB as base64: a third of the default body limit
 BLOCK_CHARS = 1 << 22  # a file is fingerprinted this many characters at a time

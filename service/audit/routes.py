@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy import String, cast, or_, select
 
+from bleedwatch.names import NAME_PATTERN
 from service import cursors
 from service.audit import log
 from service.audit.models import AuditEntry
@@ -14,7 +15,6 @@ from service.auth.keys import Caller, Role
 from service.db import session_scope
 from service.deps import Deps
 from service.errors import Invalid, common_responses
-from service.names import NAME_PATTERN
 from service.wire import Moment
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=common_responses())

@@ -6,9 +6,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.config import JsonDict
 
+from bleedwatch.names import NAME_PATTERN
 from service.auth.keys import Role
 from service.ingest.schemas import Name
-from service.names import NAME_PATTERN
 
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 

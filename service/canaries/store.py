@@ -6,9 +6,9 @@ import numpy as np
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bleedwatch.fingerprint.encoding import to_signed
 from service.canaries.models import Canary, CanaryFingerprint
 from service.db import utcnow
-from service.fingerprint.encoding import to_signed
 from service.ingest.decode import Decoded
 
 

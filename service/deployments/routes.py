@@ -4,6 +4,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
+from bleedwatch.names import DEPLOYMENT_ID_PATTERN
 from service import audit
 from service.auth.deps import READERS, require
 from service.auth.keys import Caller, Role
@@ -14,7 +15,6 @@ from service.deployments.rules import RuleSet
 from service.deployments.schemas import DeploymentConfig, DeploymentOut, DeploymentPage
 from service.deps import Deps
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
-from service.names import DEPLOYMENT_ID_PATTERN
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
 Reader = Annotated[Caller, Depends(require(*READERS))]

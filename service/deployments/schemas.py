@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.names import DEPLOYMENT_ID_PATTERN, NAME_PATTERN
+from bleedwatch.names import DEPLOYMENT_ID_PATTERN, NAME_PATTERN
 from service.wire import NOT_TEXT
 
 # The same characters gateways may send as meta.deployment, less '/', which a path cannot hold.

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from bleedwatch.names import NAME_PATTERN
 from service.findings.schemas import Severity
-from service.names import NAME_PATTERN
 from service.signals.schemas import SignalOut
 
 Assignee = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]

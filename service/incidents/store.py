@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import and_, exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bleedwatch.fingerprint.encoding import from_signed
 from service import cursors
 from service.allowlist import store as allowlist
 from service.db import utcnow
 from service.errors import Conflict
 from service.findings.models import Finding
-from service.fingerprint.encoding import from_signed
 from service.incidents import grouping
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
 from service.incidents.schemas import (

@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from service.fingerprint.scheme import Params
+from bleedwatch.fingerprint.scheme import Params
 
 
 class Kind(enum.IntFlag):

@@ -33,8 +33,8 @@ import orjson
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
+from bleedwatch.fingerprint.scheme import Params
 from service import metrics
-from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue, same_exchange
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox

@@ -12,8 +12,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import TypeAdapter, ValidationError
 
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from service.errors import Invalid, PayloadTooLarge
-from service.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from service.ingest.schemas import Batch, Exchange, Text
 
 _exchange = TypeAdapter(Exchange)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.ingest.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
+from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
 from service.wire import NOT_TEXT, Moment
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]

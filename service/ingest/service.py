@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bleedwatch.fingerprint.scheme import Params
 from service import metrics, tracing
 from service.auth.keys import Caller
 from service.errors import ApiError, Forbidden, TooManyNewTenants, Unavailable
-from service.fingerprint.scheme import Params
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest import envelope
 from service.ingest.decode import Decoded, Limits, check_exchange, check_size, decode_exchange, parse_exchange

@@ -31,7 +31,7 @@ from itertools import groupby, pairwise
 import numpy as np
 import numpy.typing as npt
 
-from service.fingerprint.scheme import Params, winnow
+from bleedwatch.fingerprint.scheme import Params, winnow
 
 # A piece ends where the next match of its diagonal is further than this (times ``sample_mod``
 # where the source was sampled) even without a hole: between them the response is all blind.

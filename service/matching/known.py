@@ -19,11 +19,11 @@ import numpy.typing as npt
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from bleedwatch.fingerprint.encoding import from_signed
 from service.allowlist import store as allowlist
 from service.auth.keys import DB_DOWN
 from service.canaries.models import Canary, CanaryFingerprint
 from service.db import session_scope
-from service.fingerprint.encoding import from_signed
 
 EMPTY = np.empty(0, dtype=np.uint64)
 

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bleedwatch.fingerprint.encoding import to_signed
+from bleedwatch.fingerprint.scheme import Params
 from service import metrics, tracing
-from service.fingerprint.encoding import to_signed
-from service.fingerprint.scheme import Params
 from service.index.base import PROMPT_BIT, Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
     SHARED_TOKENS,

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.names import NAME_PATTERN
+from bleedwatch.names import NAME_PATTERN
 
 Tenant = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.names import NAME_PATTERN
+from bleedwatch.names import NAME_PATTERN
 from service.wire import NOT_TEXT, Moment
 
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]

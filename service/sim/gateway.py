@@ -23,8 +23,8 @@ import orjson
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from service.sdk.client import BleedwatchClient, Rejected, Undelivered
-from service.sdk.exchange import Scalar
+from bleedwatch.client import BleedwatchClient, Rejected, Undelivered
+from bleedwatch.exchange import Scalar
 from service.sim import openai_wire as wire
 
 log = logging.getLogger("bleedwatch.gateway")

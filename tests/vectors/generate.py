@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from service.fingerprint.encoding import U32_LE, U64_LE, encode  # noqa: E402
-from service.fingerprint.scheme import (  # noqa: E402
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode  # noqa: E402
+from bleedwatch.fingerprint.scheme import (  # noqa: E402
     Params,
     fingerprint_text,
     key_id,
@@ -33,7 +33,7 @@ from service.fingerprint.scheme import (  # noqa: E402
     token_hashes,
     winnow,
 )
-from service.fingerprint.tokens import normalize, tokenize  # noqa: E402
+from bleedwatch.fingerprint.tokens import normalize, tokenize  # noqa: E402
 from tests import fingerprint_reference as ref  # noqa: E402
 
 OUT = Path(__file__).with_name("fingerprint-bw1.json")

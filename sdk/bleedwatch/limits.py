@@ -1,22 +1,22 @@
 """The limits of ``POST /v1/exchanges`` that the service enforces and the SDK checks before sending.
 
-Defined once here, so a gateway never learns a limit from a refusal: the SDK (service/sdk/) drops
-and counts an exchange the service would reject before it travels, and never builds a body the
-service would refuse. This module imports only ``service.names``, which imports nothing of the
-service, so the SDK stays free of it.
+Defined once here, in the SDK, and imported by the service: a gateway never learns a limit from a
+refusal, because the client drops and counts an exchange the service would reject before it
+travels and never builds a body the service would refuse. This module imports only
+``bleedwatch.names``, so it costs a gateway nothing of the server.
 The ``DEFAULT_`` sizes are settings on the service (BLEEDWATCH_MAX_*); a gateway talking to a
 service configured otherwise passes the same values to ``BleedwatchClient``.
 """
 
 from __future__ import annotations
 
-from service.names import NAME_PATTERN as _NAME_PATTERN
-from service.names import OPTIONAL_NAME_PATTERN
+from bleedwatch.names import NAME_PATTERN as _NAME_PATTERN
+from bleedwatch.names import OPTIONAL_NAME_PATTERN
 
 NAME_MAX_CHARS = 128  # exchanges[].tenant
 REQUEST_ID_MAX_CHARS = 256  # exchanges[].request_id
 LABEL_MAX_CHARS = 256  # model, meta labels and meta string values
-# Names and labels: no control or format characters (service/names.py says why).
+# Names and labels: no control or format characters (sdk/bleedwatch/names.py says why).
 NAME_PATTERN = _NAME_PATTERN
 LABEL_PATTERN = OPTIONAL_NAME_PATTERN
 

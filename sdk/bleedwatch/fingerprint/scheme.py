@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from service.fingerprint.tokens import utf8_tokens
+from bleedwatch.fingerprint.tokens import utf8_tokens
 
 SCHEME_VERSION = 1
 MIN_KEY_BYTES = 16

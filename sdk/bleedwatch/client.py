@@ -9,10 +9,10 @@
   any other 4xx is a bug in the caller: the batch is refused for good (``Rejected``).
 - The service answers per exchange: an exchange it rejects (``results``) is dropped alone, with
   its reason, and the rest of its batch is taken. The client checks names and sizes before
-  sending, against the service's own limits (service/ingest/limits.py): an exchange the service
+  sending, against the service's own limits (sdk/bleedwatch/limits.py): an exchange the service
   would reject never travels, and batches are cut so that no body passes ``max_body_bytes``.
 - A batch not delivered within ``max_attempts`` goes to the spool, if one is configured
-  (``service/sdk/spool.py``: a bounded local file), and is replayed when the service answers
+  (``sdk/bleedwatch/spool.py``: a bounded local file), and is replayed when the service answers
   again. Exchanges are dropped only when they cannot be kept: the spool is full, or there is no
   spool, or the queue passed ``max_pending`` with nowhere to put it, or the service refused them.
   Every drop is counted (``dropped``, and by reason in ``dropped_by_reason``: ``rejected:<error>``,
@@ -49,10 +49,10 @@ from typing import Any
 import httpx
 import orjson
 
-from service.fingerprint.scheme import DEFAULT_PARAMS, Params
-from service.ingest.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
-from service.sdk.exchange import Scalar, fingerprint_exchange, name_problem, size_problem, wire_size
-from service.sdk.spool import Spool
+from bleedwatch.exchange import Scalar, fingerprint_exchange, name_problem, size_problem, wire_size
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
+from bleedwatch.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
+from bleedwatch.spool import Spool
 
 log = logging.getLogger("bleedwatch.sdk")
 

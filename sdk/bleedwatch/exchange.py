@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from service.fingerprint.encoding import U32_LE, U64_LE, encode
-from service.fingerprint.scheme import (
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
+from bleedwatch.fingerprint.scheme import (
     DEFAULT_PARAMS,
     SCHEME_VERSION,
     Fingerprints,
@@ -17,7 +17,7 @@ from service.fingerprint.scheme import (
     fingerprint_text,
     key_id,
 )
-from service.ingest.limits import (
+from bleedwatch.limits import (
     LABEL_MAX_CHARS,
     LABEL_PATTERN,
     NAME_MAX_CHARS,
@@ -86,7 +86,7 @@ def fingerprint_exchange(
 def name_problem(exchange: Mapping[str, Any]) -> str | None:
     """Why the service would reject this exchange for its names or meta, as a drop reason
     (``invalid:<field>``); None when they are fine. The same limits as the service's, from
-    service/ingest/limits.py, so a name the service refuses never travels."""
+    sdk/bleedwatch/limits.py, so a name the service refuses never travels."""
     for field, max_chars in _NAMES:
         value = exchange.get(field)
         if not isinstance(value, str) or len(value) > max_chars or not _NAME.fullmatch(value):
