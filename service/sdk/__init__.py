@@ -2,6 +2,6 @@
 
 from service.fingerprint.scheme import Params
 from service.sdk.client import BleedwatchClient, Rejected, Undelivered
-from service.sdk.exchange import fingerprint_exchange
+from service.sdk.exchange import Scalar, fingerprint_exchange, name_problem
 
-__all__ = ["BleedwatchClient", "Params", "Rejected", "Undelivered", "fingerprint_exchange"]
+__all__ = ["BleedwatchClient", "Params", "Rejected", "Scalar", "Undelivered", "fingerprint_exchange", "name_problem"]
