@@ -83,6 +83,7 @@ async def sim_stack(
                 bleedwatch_api_key=api.tokens[Role.INGEST],
                 fingerprint_key=KEY,
                 flush_seconds=NEVER,
+                fingerprint_workers=0,
                 upstream_transport=httpx.ASGITransport(app=front),
                 bleedwatch_transport=transport,
             )

@@ -162,6 +162,7 @@ async def test_the_gateway_passes_answers_through_and_refuses_unknown_keys() -> 
         bleedwatch_api_key="bw_x_y",
         fingerprint_key=KEY,
         flush_seconds=3600,
+        fingerprint_workers=0,
         max_attempts=1,
         upstream_transport=httpx.ASGITransport(app=front_app),
         bleedwatch_transport=httpx.MockTransport(down),  # bleedwatch being down never reaches tenants

@@ -38,6 +38,7 @@ def tap_settings(**extra: Any) -> TapSettings:
         "bleedwatch_api_key": SecretStr("bw_unused_key"),
         "fingerprint_key": SecretStr(KEY.hex()),
         "flush_seconds": NEVER,
+        "fingerprint_workers": 0,  # in the test's process; the byte-identity test runs the worker process
     }
     return TapSettings(**(given | extra))
 
@@ -97,7 +98,8 @@ async def test_streams_pass_through_byte_for_byte(path: str) -> None:
     engine = FakeEngine(answer=prompt("acme", 60))
     body = orjson.dumps(request(path, "tell me", stream=True))
     with local_server(engine) as engine_url:
-        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=httpx.MockTransport(_accept))
+        settings = tap_settings(upstream_url=engine_url, fingerprint_workers=1)
+        tap = Tap(settings, bleedwatch_transport=httpx.MockTransport(_accept))
         with local_server(tap) as tap_url:
             got: dict[str, tuple[bytes, httpx.Headers]] = {}
             for name, url in (("direct", engine_url), ("tap", tap_url)):

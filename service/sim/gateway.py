@@ -78,6 +78,7 @@ def create_gateway(
     deployment: str | None = None,
     flush_seconds: float = 0.5,
     max_attempts: int = 8,
+    fingerprint_workers: int = 1,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     bleedwatch_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Gateway:
@@ -92,6 +93,7 @@ def create_gateway(
         bleedwatch_api_key=SecretStr(bleedwatch_api_key),
         fingerprint_key=SecretStr(fingerprint_key.hex()),
         flush_seconds=flush_seconds,
+        fingerprint_workers=fingerprint_workers,
     )
     tap = Tap(
         settings,

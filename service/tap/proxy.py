@@ -28,21 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import logging
+import multiprocessing
 import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from service.sdk import BleedwatchClient, Rejected, Scalar, Undelivered, name_problem
+from service.sdk import BleedwatchClient, Rejected, Scalar, Undelivered, fingerprint_exchange, name_problem
 from service.tap.apis import PATHS, Api, Exchange, read_exchange
 from service.tap.settings import TapSettings
+from service.tap.upstream import Http11Upstream, HttpxUpstream, Upstream, UpstreamError
 
 log = logging.getLogger("bleedwatch.tap")
 
@@ -143,9 +147,10 @@ class Tap:
         self._upstream_transport = upstream_transport
         self._bleedwatch_transport = bleedwatch_transport
         self._max_attempts = bleedwatch_max_attempts
-        self._http: httpx.AsyncClient | None = None
+        self._upstream: Upstream | None = None
         self._bleedwatch: BleedwatchClient | None = None
         self._pending: set[asyncio.Task[None]] = set()
+        self._processes: concurrent.futures.ProcessPoolExecutor | None = None
 
     @property
     def bleedwatch(self) -> BleedwatchClient:
@@ -155,14 +160,15 @@ class Tap:
 
     async def start(self) -> None:
         s = self.settings
-        self._http = httpx.AsyncClient(
-            base_url=s.upstream_url.rstrip("/"),
-            timeout=httpx.Timeout(s.upstream_read_seconds, connect=s.upstream_connect_seconds),
-            limits=httpx.Limits(
-                max_connections=s.upstream_connections, max_keepalive_connections=s.upstream_connections
-            ),
-            transport=self._upstream_transport,
-        )
+        if self._upstream_transport is not None:
+            self._upstream = HttpxUpstream(s.upstream_url, self._upstream_transport)
+        else:
+            self._upstream = Http11Upstream(
+                s.upstream_url,
+                connect_seconds=s.upstream_connect_seconds,
+                read_seconds=s.upstream_read_seconds,
+                max_idle=s.upstream_connections,
+            )
         self._bleedwatch = BleedwatchClient(
             s.bleedwatch_url,
             s.bleedwatch_api_key.get_secret_value(),
@@ -172,6 +178,10 @@ class Tap:
             spool=s.spool,
         )
         await self._bleedwatch.__aenter__()
+        if s.fingerprint_workers:  # spawned, not forked: the server's threads and sockets must not be copied
+            self._processes = concurrent.futures.ProcessPoolExecutor(
+                s.fingerprint_workers, mp_context=multiprocessing.get_context("spawn")
+            )
 
     async def settle(self) -> None:
         """Until every relayed exchange has been read and handed to the SDK client."""
@@ -194,8 +204,10 @@ class Tap:
                 except (Rejected, Undelivered) as exc:
                     log.error("exchanges not delivered to bleedwatch at shutdown: %s", exc)
         finally:
-            if self._http is not None:
-                await self._http.aclose()
+            if self._processes is not None:
+                self._processes.shutdown(wait=False, cancel_futures=True)
+            if self._upstream is not None:
+                await self._upstream.aclose()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Tap]:
@@ -298,21 +310,20 @@ class Tap:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
     ) -> None:
-        http = self._http
-        assert http is not None, "the tap is not started"
+        upstream = self._upstream
+        assert upstream is not None, "the tap is not started"
         self.stats.forwarded += 1
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        request = http.build_request(scope["method"], target.decode("latin-1"), headers=headers, content=body)
         try:
-            resp = await http.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await upstream.request(scope["method"], target, headers, body)
+        except UpstreamError as exc:
             self.stats.upstream_errors += 1
-            log.warning("upstream request failed: %s", type(exc).__name__)
+            log.warning("upstream request failed: %s", exc)
             await _answer(send, 502, "upstream_unreachable", "the inference engine behind the tap did not answer")
             return
-        keep = api is not None and 200 <= resp.status_code < 300
+        keep = api is not None and 200 <= resp.status < 300
         kept: list[bytes] = []
         kept_bytes = 0
         max_kept = self.settings.max_response_bytes
@@ -322,11 +333,11 @@ class Tap:
             await send(
                 {
                     "type": "http.response.start",
-                    "status": resp.status_code,
-                    "headers": [(k.lower(), v) for k, v in resp.headers.raw if k.lower() not in _HOP],
+                    "status": resp.status,
+                    "headers": [(k, v) for k, v in resp.headers if k not in _HOP],
                 }
             )
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.body:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if keep:
                     kept_bytes += len(chunk)
@@ -335,14 +346,15 @@ class Tap:
                 if gone.done():
                     break
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except httpx.HTTPError as exc:  # the upstream broke off mid-answer: what was relayed is still read
+        except UpstreamError as exc:  # the upstream broke off mid-answer: what was relayed is still read
             self.stats.upstream_errors += 1
-            log.warning("upstream answer broke off: %s", type(exc).__name__)
+            log.warning("upstream answer broke off: %s", exc)
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
-            await resp.aclose()
+            await resp.body.aclose()
+            await resp.close()
         if not keep or api is None or tenant is None:
             return
         if kept_bytes > max_kept:
@@ -350,67 +362,90 @@ class Tap:
             return
         served: dict[str, Scalar] = {"deployment": self.settings.deployment}
         if self.settings.deployment_header:
-            served["deployment"] = resp.headers.get(self.settings.deployment_header) or served["deployment"]
+            served["deployment"] = resp.header(self.settings.deployment_header.encode()) or served["deployment"]
         if self.settings.node_header:
-            served["node"] = resp.headers.get(self.settings.node_header)
-        streamed = resp.headers.get("content-type", "").startswith("text/event-stream")
-        task = asyncio.get_running_loop().create_task(
-            self._record(
-                api,
-                tenant,
-                body,
-                kept,
-                streamed,
-                resp.headers.get("content-encoding", "").strip().lower(),
-                resp.headers.get("x-request-id"),
-                served,
-            )
+            served["node"] = resp.header(self.settings.node_header.encode())
+        if len(self._pending) >= self.settings.max_backlog:  # fingerprinting is behind: bounded, and counted
+            self.stats.skipped["backlog_full"] += 1
+            log.error("tap: an exchange not fingerprinted (backlog_full: see BLEEDWATCH_TAP_FINGERPRINT_WORKERS)")
+            return
+        relayed = _Relayed(
+            api,
+            tenant,
+            body,
+            b"".join(kept),
+            (resp.header(b"content-type") or "").startswith("text/event-stream"),
+            (resp.header(b"content-encoding") or "").strip().lower(),
+            resp.header(b"x-request-id"),
+            {k: v for k, v in served.items() if v is not None},
         )
+        task = asyncio.get_running_loop().create_task(self._record(relayed))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _record(
-        self,
-        api: Api,
-        tenant: str,
-        request: bytes,
-        chunks: list[bytes],
-        streamed: bool,
-        encoding: str,
-        header_id: str | None,
-        served: dict[str, Scalar],
-    ) -> None:
-        """Off the request path: read the texts of one relayed exchange and hand them to the SDK."""
+    async def _record(self, relayed: _Relayed) -> None:
+        """Off the request path: fingerprint one relayed exchange and queue it in the SDK client."""
         try:
-            size = len(request) + sum(len(c) for c in chunks)
-            if size <= _INLINE_READ_BYTES:
-                exchange = _read(api, request, chunks, streamed, encoding)
-            else:
-                exchange = await asyncio.to_thread(_read, api, request, chunks, streamed, encoding)
-            if exchange is None:
-                self.stats.skipped["nothing_to_read"] += 1
-                return
-            meta = dict(served)
-            meta["prompt_tokens"] = exchange.prompt_tokens
-            await self.bleedwatch.submit_text(
-                exchange.prompt,
-                exchange.response,
-                key=self._key,
-                tenant=tenant,
-                request_id=exchange.request_id or header_id or f"tap-{uuid.uuid4().hex}",
-                model=exchange.model or "unknown",
-                ts=time.time(),
-                meta={k: v for k, v in meta.items() if v is not None},
-            )
+            if self._processes is not None:  # reading and hashing in another process: no GIL shared with relaying
+                loop = asyncio.get_running_loop()
+                exchange = await loop.run_in_executor(self._processes, _fingerprint, relayed, self._key)
+                if exchange is None:
+                    self.stats.skipped["nothing_to_read"] += 1
+                    return
+                await self.bleedwatch.submit(exchange)
+            else:  # in this process: the SDK hashes in its worker thread
+                small = len(relayed.request) + len(relayed.response) <= _INLINE_READ_BYTES
+                read = _read(relayed) if small else await asyncio.to_thread(_read, relayed)
+                if read is None:
+                    self.stats.skipped["nothing_to_read"] += 1
+                    return
+                await self.bleedwatch.submit_text(
+                    read.prompt, read.response, key=self._key, ts=time.time(), **_names(relayed, read)
+                )
             self.stats.submitted += 1
         except Exception as exc:  # the answer is delivered; a failure here must not reach anyone but the log
             self.stats.skipped["error"] += 1
             log.error("could not fingerprint a relayed exchange: %s", type(exc).__name__)
 
 
-def _read(api: Api, request: bytes, chunks: list[bytes], streamed: bool, encoding: str) -> Exchange | None:
-    raw = _decoded(b"".join(chunks), encoding)
-    return None if raw is None else read_exchange(api, request, raw, streamed)
+@dataclass(frozen=True, slots=True)
+class _Relayed:
+    """One relayed exchange as bytes, and where it was served: what the fingerprinting needs."""
+
+    api: Api
+    tenant: str
+    request: bytes
+    response: bytes
+    streamed: bool
+    encoding: str
+    header_id: str | None
+    served: dict[str, Scalar]
+
+
+def _read(relayed: _Relayed) -> Exchange | None:
+    raw = _decoded(relayed.response, relayed.encoding)
+    return None if raw is None else read_exchange(relayed.api, relayed.request, raw, relayed.streamed)
+
+
+def _names(relayed: _Relayed, read: Exchange) -> dict[str, Any]:
+    """Tenant, request id, model and meta, as ``submit_text`` and ``fingerprint_exchange`` take them."""
+    meta = dict(relayed.served)
+    if read.prompt_tokens is not None:
+        meta["prompt_tokens"] = read.prompt_tokens
+    return {
+        "tenant": relayed.tenant,
+        "request_id": read.request_id or relayed.header_id or f"tap-{uuid.uuid4().hex}",
+        "model": read.model or "unknown",
+        "meta": meta,
+    }
+
+
+def _fingerprint(relayed: _Relayed, key: bytes) -> dict[str, Any] | None:
+    """In a worker process: the exchange's wire form (fingerprints only), or None when there is no text."""
+    read = _read(relayed)
+    if read is None:
+        return None
+    return fingerprint_exchange(read.prompt, read.response, key=key, ts=time.time(), **_names(relayed, read))
 
 
 async def _disconnected(receive: Receive) -> None:
