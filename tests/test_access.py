@@ -61,7 +61,16 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("DELETE", "/v1/keys/{key_id}"): ADMIN,
     ("POST", "/v1/tenants/purge"): ADMIN,
 }
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+PUBLIC = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/docs/assets",  # Swagger UI's and ReDoc's files (service/api_docs.py)
+    "/redoc",
+}
 
 
 def declared_roles(route: APIRoute) -> frozenset[Role] | None:
