@@ -72,7 +72,7 @@ def stub_bleedwatch(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools")
 
 
-def tap_server(port: int, upstream: str, bleedwatch: str) -> None:
+def tap_server(port: int, upstream: str, bleedwatch: str, fingerprint_workers: int) -> None:
     import uvicorn
 
     from service.tap import Tap, TapSettings
@@ -83,6 +83,7 @@ def tap_server(port: int, upstream: str, bleedwatch: str) -> None:
         bleedwatch_api_key="bw_bench_key",  # a str, as from the environment
         fingerprint_key=KEY_HEX,
         flush_seconds=0.5,
+        fingerprint_workers=fingerprint_workers,
     )
     tap = Tap(settings)
     uvicorn.run(tap, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools")
@@ -90,7 +91,8 @@ def tap_server(port: int, upstream: str, bleedwatch: str) -> None:
 
 @contextlib.contextmanager
 def processes(*targets: tuple[object, tuple[object, ...]]) -> Iterator[None]:
-    procs = [multiprocessing.Process(target=t, args=a, daemon=True) for t, a in targets]  # type: ignore[arg-type]
+    # Not daemons: the tap starts its own fingerprinting process, which a daemon may not.
+    procs = [multiprocessing.Process(target=t, args=a) for t, a in targets]  # type: ignore[arg-type]
     for p in procs:
         p.start()
     try:
@@ -199,6 +201,7 @@ def main() -> None:
         default=20.0,
         help="the engine's pace: ms between two events of a stream (8 words each; 0 = all at once)",
     )
+    ap.add_argument("--fingerprint-workers", type=int, default=1, help="the tap's (0: a thread of its own process)")
     args = ap.parse_args()
 
     engine_port, bw_port, tap_port = free_port(), free_port(), free_port()
@@ -207,10 +210,11 @@ def main() -> None:
     with processes(
         (engine_server, (engine_port, args.chunk_ms / 1000)),
         (stub_bleedwatch, (bw_port,)),
-        (tap_server, (tap_port, engine_url, f"http://127.0.0.1:{bw_port}")),
+        (tap_server, (tap_port, engine_url, f"http://127.0.0.1:{bw_port}", args.fingerprint_workers)),
     ):
         wait_up(engine_url)
         wait_up(tap_url)
+        load_before = os.getloadavg()[0]
         results: dict[str, tuple[list[float], list[float]]] = {"direct": ([], []), "tap": ([], [])}
         errors = 0
         started = time.perf_counter()
@@ -222,10 +226,12 @@ def main() -> None:
                 errors += failed
                 print(f"round {r + 1} {mode:<6}: {len(ttfb)} streams", file=sys.stderr)
         seconds = time.perf_counter() - started
+        load_after = os.getloadavg()[0]
     print(
         f"bleedwatch tap: {args.concurrency} concurrent chat-completion streams, {args.rounds} rounds of "
         f"{args.requests} per side, {args.words}-word prompts, an event every {args.chunk_ms:g} ms; "
-        f"{os.cpu_count()} CPUs; {errors} errors; {seconds:.0f} s"
+        f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {load_after:.1f} after; {errors} errors; "
+        f"{seconds:.0f} s"
     )
     print(f"{'':<8} {'TTFB p50':>9} {'TTFB p99':>9} {'total p50':>10} {'total p99':>10}   (ms)")
     rows = {mode: (*summary(t), *summary(tot)) for mode, (t, tot) in results.items()}

@@ -204,8 +204,8 @@ class Tap:
                 except (Rejected, Undelivered) as exc:
                     log.error("exchanges not delivered to bleedwatch at shutdown: %s", exc)
         finally:
-            if self._processes is not None:
-                self._processes.shutdown(wait=False, cancel_futures=True)
+            if self._processes is not None:  # waited for: a worker left behind would outlive the tap
+                await asyncio.to_thread(self._processes.shutdown, wait=True, cancel_futures=True)
             if self._upstream is not None:
                 await self._upstream.aclose()
 
