@@ -6,8 +6,13 @@ chooses); bleedwatch is the real app on the test's backend (``tests/sim_stack.bl
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,8 +21,9 @@ import pytest
 from pydantic import SecretStr
 
 from service.auth.keys import Role
+from service.cli import main
 from service.config import Settings
-from service.local_server import local_server
+from service.local_server import free_port, local_server
 from service.sim.corpus import prompt
 from service.tap import Tap, TapSettings
 from service.tap.apis import PATHS, Api, read_exchange, sse_data
@@ -220,3 +226,46 @@ def test_reading_each_api_joins_system_and_messages() -> None:
         expected = "the question" if PATHS[path] is Api.COMPLETIONS else "be brief\n\nthe question"
         assert (exchange.prompt, exchange.response, exchange.request_id) == (expected, "the answer", "c")
     assert read_exchange(Api.CHAT, b"not json", b"{}", streamed=False) is None
+
+
+def test_the_command_explains_what_is_missing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("BLEEDWATCH_URL", "BLEEDWATCH_API_KEY", "BLEEDWATCH_FINGERPRINT_KEY", "BLEEDWATCH_TAP_UPSTREAM_URL"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["tap"]) == 2
+    err = capsys.readouterr().err
+    for missing in ("upstream_url", "BLEEDWATCH_API_KEY", "BLEEDWATCH_FINGERPRINT_KEY"):
+        assert f"{missing}: Field required" in err
+
+
+def test_the_command_serves_the_tap(tmp_path: Path) -> None:
+    """``bleedwatch tap`` as an operator starts it: flags, a key file, the environment for the rest."""
+    engine = FakeEngine(answer="an answer")
+    key_file = tmp_path / "key.hex"
+    key_file.write_text(KEY.hex())
+    port = free_port()
+    env = {**os.environ, "BLEEDWATCH_TAP_FINGERPRINT_WORKERS": "0", "BLEEDWATCH_LOG_LEVEL": "warning"}
+    with local_server(engine) as engine_url:
+        args = ["--upstream", engine_url, "--port", str(port), "--api-key", "bw_x", "--key-file", str(key_file)]
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "tap", *args], env=env)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                    break
+                except httpx.TransportError:
+                    assert proc.poll() is None, "the tap exited"
+                    assert time.monotonic() < deadline, "the tap did not start"
+                    time.sleep(0.1)
+            body = request("/v1/chat/completions", "hello", stream=True)
+            refused = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
+            answered = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=tenant("acme"))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert models.status_code == 200
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "missing_tenant")
+    assert answered.status_code == 200
+    assert answered.text.endswith("data: [DONE]\n\n")
