@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis, RedisCluster
 from sqlalchemy import text
 
-from service import audit, errors, metrics, tracing
+from service import api_docs, audit, errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
 from service.auth.gate import AuthFailures, AuthGate
@@ -220,7 +220,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Catches one tenant's data in another tenant's LLM answers, from fingerprints only.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc from local assets: service/api_docs.py
+        redoc_url=None,
     )
+    api_docs.install(app)
     errors.install(app)
     app.add_middleware(JsonOnly)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, max_other_bytes=settings.max_other_body_bytes)

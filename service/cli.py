@@ -1,5 +1,5 @@
 """``bleedwatch``: serve, work, migrate, replay, allowlist, canary, keys, prune, tenants, queue, incidents,
-findings, completion, demo."""
+findings, tap, completion, demo."""
 
 from __future__ import annotations
 
@@ -223,6 +223,49 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tap(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.logging import log_config
+    from service.tap import Tap, TapSettings
+
+    flags = {
+        "upstream_url": args.upstream,
+        "host": args.host,
+        "port": args.port,
+        "tenant_header": args.tenant_header,
+        "bleedwatch_url": args.url,
+        "bleedwatch_api_key": args.api_key,
+        "fingerprint_key": Path(args.key_file).read_text().strip() if args.key_file else None,
+    }
+    try:  # flags over BLEEDWATCH_TAP_* and the SDK's BLEEDWATCH_URL, BLEEDWATCH_API_KEY, BLEEDWATCH_FINGERPRINT_KEY
+        settings = TapSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"])
+            print(f"bleedwatch tap: {where}: {error['msg']}", file=sys.stderr)
+        print(
+            "give --upstream (BLEEDWATCH_TAP_UPSTREAM_URL), an ingest --api-key (BLEEDWATCH_API_KEY) and the "
+            "gateway's fingerprint key, --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)",
+            file=sys.stderr,
+        )
+        return 2
+    level = os.environ.get("BLEEDWATCH_LOG_LEVEL", "info").lower()
+    uvicorn.run(
+        Tap(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=level,
+        log_config=log_config(level, os.environ.get("BLEEDWATCH_LOG_FORMAT", "json")),
+        access_log=False,  # paths and tenants stay out of the log
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from service.demo.run import run_demo
 
@@ -309,6 +352,19 @@ def parser() -> argparse.ArgumentParser:
     qsub.add_parser("status", help="batches waiting to be processed, and dead letters")
     qsub.add_parser("requeue-dead", help="put every dead letter back in the queue, once the bug is fixed")
     q.set_defaults(func=_queue)
+
+    tp = sub.add_parser(
+        "tap",
+        help="an OpenAI-compatible reverse proxy in front of an inference engine that fingerprints what it forwards",
+    )
+    tp.add_argument("--upstream", help="the engine's base URL (BLEEDWATCH_TAP_UPSTREAM_URL)")
+    tp.add_argument("--host", help="default BLEEDWATCH_TAP_HOST, 127.0.0.1")
+    tp.add_argument("--port", type=int, help="default BLEEDWATCH_TAP_PORT, 8410")
+    tp.add_argument("--tenant-header", help="set by the gateway after auth (BLEEDWATCH_TAP_TENANT_HEADER, X-Tenant-Id)")
+    tp.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL"), help="bleedwatch's URL (BLEEDWATCH_URL)")
+    tp.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"), help="an ingest key")
+    tp.add_argument("--key-file", help="file holding the gateway's fingerprint key in hex")
+    tp.set_defaults(func=_tap)
 
     d = sub.add_parser("demo", help="the incident reproduced: a leaky engine, a gateway, bleedwatch; then the fix")
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")

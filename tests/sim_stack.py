@@ -1,6 +1,6 @@
 """The simulator's whole stack in one event loop, over in-process ASGI transports.
 
-Tenants -> gateway shim -> engine front (buggy or fixed) -> engine; the gateway ships
+Tenants -> gateway (auth, then the tap) -> engine front (buggy or fixed) -> engine; the gateway ships
 fingerprints and the engine its config and signals to bleedwatch, which runs on the test's
 backend (``settings``). Nothing flushes by itself: tests call ``stack.flush()``.
 """
@@ -76,19 +76,18 @@ async def sim_stack(
         keys = sim_keys(tenants)
         front = create_front(engine, keys, reporter)
         async with front.router.lifespan_context(front):
-            gateway_app = create_gateway(
+            gateway = create_gateway(
                 upstream_url="http://engine.test",
                 tenants=keys,
                 bleedwatch_url=BLEEDWATCH,
                 bleedwatch_api_key=api.tokens[Role.INGEST],
                 fingerprint_key=KEY,
                 flush_seconds=NEVER,
+                fingerprint_workers=0,
                 upstream_transport=httpx.ASGITransport(app=front),
                 bleedwatch_transport=transport,
             )
-            async with gateway_app.router.lifespan_context(gateway_app):
-                tenant_side = httpx.ASGITransport(app=gateway_app)
+            async with gateway.running():
+                tenant_side = httpx.ASGITransport(app=gateway)
                 async with httpx.AsyncClient(transport=tenant_side, base_url="http://gateway.test") as client:
-                    yield Stack(
-                        api, engine, reporter, gateway_app.state.gateway, client, {t: k for k, t in keys.items()}
-                    )
+                    yield Stack(api, engine, reporter, gateway, client, {t: k for k, t in keys.items()})

@@ -61,7 +61,16 @@ EXPECTED: dict[tuple[str, str], frozenset[Role]] = {
     ("DELETE", "/v1/keys/{key_id}"): ADMIN,
     ("POST", "/v1/tenants/purge"): ADMIN,
 }
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+PUBLIC = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/docs/assets",  # Swagger UI's and ReDoc's files (service/api_docs.py)
+    "/redoc",
+}
 # The responder UI's routes: a session cookie, not a bearer key, and roles checked in the route
 # (tests/test_ui.py). Every other one sends a browser without a session to the sign-in page.
 UI_OPEN = {("GET", "/ui/signin"), ("POST", "/ui/signin"), ("GET", "/ui/static/ui.css")}

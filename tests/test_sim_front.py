@@ -162,11 +162,12 @@ async def test_the_gateway_passes_answers_through_and_refuses_unknown_keys() -> 
         bleedwatch_api_key="bw_x_y",
         fingerprint_key=KEY,
         flush_seconds=3600,
+        fingerprint_workers=0,
         max_attempts=1,
         upstream_transport=httpx.ASGITransport(app=front_app),
         bleedwatch_transport=httpx.MockTransport(down),  # bleedwatch being down never reaches tenants
     )
-    async with gateway_app.router.lifespan_context(gateway_app):
+    async with gateway_app.running():
         transport = httpx.ASGITransport(app=gateway_app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway.test") as client:
             plain = await client.post("/v1/chat/completions", json=chat(prompt("acme", 80)), headers=ACME)
@@ -176,13 +177,14 @@ async def test_the_gateway_passes_answers_through_and_refuses_unknown_keys() -> 
             refused = await client.post("/v1/chat/completions", json=chat(prompt("acme", 401)), headers=ACME)
             unknown = await client.post("/v1/chat/completions", json=chat("x"), headers=GLOBEX)
             bad = await client.post("/v1/chat/completions", content=b"{", headers=ACME)
-        assert gateway_app.state.gateway.stats.submitted == 2  # queued; delivery fails at shutdown, logged
+            await gateway_app.tap.settle()
+        assert gateway_app.stats.submitted == 2  # queued; delivery fails at shutdown, logged
     assert plain.status_code == 200
     assert plain.json()["choices"][0]["message"]["content"] == engine.history.served[0].answer
     assert plain.headers["x-sim-node"] == "decode-0"
     got = events(streamed.text)
     assert got[-1] == "[DONE]"
-    assert "usage" not in got[-2]  # the gateway asked for usage upstream, and hid it
+    assert "usage" not in got[-2]  # relayed as the engine wrote it: no usage unless the client asked
     assert (refused.status_code, refused.json()["error"]["code"]) == (400, "context_length_exceeded")
     assert (unknown.status_code, bad.status_code) == (401, 400)
 

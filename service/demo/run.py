@@ -1,7 +1,8 @@
 """``bleedwatch demo``: the incident, end to end, on this machine, in seconds.
 
 bleedwatch (embedded: in-process index, throw-away SQLite file), the simulated paged-KV engine
-behind its OpenAI-compatible front, and the gateway shim, each on its own loopback port. The
+behind its OpenAI-compatible front, and a gateway that authenticates tenants and reports through
+``bleedwatch tap`` (the product's reverse proxy, service/tap/), each on its own loopback port. The
 engine reports its serving config at start, so the risk check speaks before any traffic;
 tenants then send prompts through the gateway, a few longer than the prefill KV pool. With the
 engine's bug those are answered 200 from other tenants' stale KV pages, and bleedwatch turns

@@ -1,4 +1,4 @@
-"""``bleedwatch sim``: run the simulated engine, the gateway shim, or tenants' traffic, as separate processes.
+"""``bleedwatch sim``: the simulated engine, the gateway (auth, then the tap), or traffic, as separate processes.
 
     bleedwatch sim engine --mode buggy --port 8500 --url http://127.0.0.1:8400 --admin-key bw_... --ingest-key bw_...
     bleedwatch sim gateway --upstream http://127.0.0.1:8500 --port 8600 --url ... --api-key bw_... --key-file key.hex
@@ -120,7 +120,7 @@ def _traffic(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    s = sub.add_parser("sim", help="the incident's leaky engine, a gateway shim and traffic (test and demo code)")
+    s = sub.add_parser("sim", help="the incident's leaky engine, a gateway and traffic (test and demo code)")
     ssub = s.add_subparsers(dest="sim_command", required=True)
 
     e = ssub.add_parser("engine", help="an OpenAI-compatible paged-KV engine, buggy or fixed")
@@ -140,7 +140,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     e.add_argument("--ingest-key", default=os.environ.get("BLEEDWATCH_API_KEY"), help="to POST signals")
     e.set_defaults(func=_engine)
 
-    g = ssub.add_parser("gateway", help="a gateway shim that fingerprints every exchange and ships it")
+    g = ssub.add_parser("gateway", help="a gateway: tenants' keys to X-Tenant-Id, then the tap, which fingerprints")
     g.add_argument("--upstream", required=True, help="base URL of the OpenAI-compatible engine")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8600)

@@ -9,6 +9,7 @@ any other: only the content is wrong.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -34,8 +35,14 @@ def _error(status: int, message: str, code: str, kind: str = "invalid_request_er
     return JSONResponse(wire.error_body(message, code, kind), status_code=status)
 
 
-def create_front(engine: Engine, keys: Mapping[str, str], reporter: Reporter | None = None) -> FastAPI:
-    """The engine over HTTP. With a ``reporter``, the config is reported at start and signals as they occur."""
+def create_front(
+    engine: Engine, keys: Mapping[str, str], reporter: Reporter | None = None, chunk_delay_seconds: float = 0.0
+) -> FastAPI:
+    """The engine over HTTP. With a ``reporter``, the config is reported at start and signals as they occur.
+
+    ``chunk_delay_seconds`` paces a streamed answer like a decoding engine (the first event at once,
+    then one every so often); the default streams it all at once.
+    """
     cfg = engine.config
 
     @asynccontextmanager
@@ -95,12 +102,16 @@ def create_front(engine: Engine, keys: Mapping[str, str], reporter: Reporter | N
             chunks = wire.stream_chunks(
                 result.request_id, cfg.model, result.answer, finish, use if include_usage else None
             )
-            return StreamingResponse(_aiter(chunks), media_type="text/event-stream", headers=headers)
+            return StreamingResponse(
+                _aiter(chunks, chunk_delay_seconds), media_type="text/event-stream", headers=headers
+            )
         return JSONResponse(wire.completion(result.request_id, cfg.model, result.answer, finish, use), headers=headers)
 
     return app
 
 
-async def _aiter(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
+async def _aiter(chunks: Iterator[bytes], delay: float) -> AsyncIterator[bytes]:
+    for i, chunk in enumerate(chunks):
+        if delay and i:
+            await asyncio.sleep(delay)
         yield chunk

@@ -80,6 +80,7 @@ async def send(
         headers = {"Authorization": f"Bearer {keys[p.tenant]}"}
         if p.stream:
             body["stream"] = True
+            body["stream_options"] = {"include_usage": True}  # the engine's prompt token count, for bleedwatch
             async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
