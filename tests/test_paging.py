@@ -295,7 +295,8 @@ async def test_open_escalate_acknowledge_resolve_pages_with_one_dedup_key(
     assert escalated["payload"]["custom_details"]["event"] == "escalated"
     assert escalated["payload"]["custom_details"]["recipient_tenants"] == ["globex", "initech"]
     assert escalated["payload"]["source"] == "m-1m / pd-eu-1"
-    assert escalated["links"][0]["href"] == f"https://bleedwatch.example.net{path}"
+    assert escalated["links"][0]["href"] == f"https://bleedwatch.example.net/ui/incidents/{incident['id']}"
+    assert escalated["client_url"] == escalated["links"][0]["href"]
     assert all(e["routing_key"] == PD_KEY for e in events)
     assert "payload" not in resolved
 
@@ -303,7 +304,8 @@ async def test_open_escalate_acknowledge_resolve_pages_with_one_dedup_key(
     assert [t.split("] ", 1)[0] for t in texts] == ["[LOW", "[HIGH", "[HIGH", "[HIGH"]
     assert "acknowledged" in texts[2]
     assert "resolved" in texts[3]
-    assert all(f"<https://bleedwatch.example.net{path}|Open incident {incident['id']}>" in t for t in texts)
+    page = f"https://bleedwatch.example.net/ui/incidents/{incident['id']}"
+    assert all(f"<{page}|Open incident {incident['id']}>" in t for t in texts)
 
     signed = hook.bodies()
     assert [m["type"] for m in signed] == [

@@ -135,11 +135,10 @@ def pagerduty(url: str, routing_key: str, dedup_key: str, event: str, incident: 
             "custom_details": incident.fields(tenants=tenants) | {"event": short(event)},
         }
         body["client"] = "bleedwatch"
-        if incident.links["incident"].startswith("http"):
-            body["client_url"] = incident.links["incident"]
-            body["links"] = [
-                {"href": incident.links["incident"], "text": f"bleedwatch incident {incident.id}"},
-                {"href": incident.links["impact"], "text": "Impact per tenant pair"},
+        if incident.links["page"].startswith("http"):  # people click these: the responder UI's page
+            body["client_url"] = incident.links["page"]
+            body["links"] = [  # the page shows the impact per tenant pair and downloads its CSV
+                {"href": incident.links["page"], "text": f"bleedwatch incident {incident.id}"}
             ]
     return Request(url, _json_headers(), orjson.dumps(body))
 
@@ -151,7 +150,7 @@ def _slack_escape(text: str) -> str:
 
 def slack(url: str, event: str, incident: Snapshot, *, tenants: bool) -> Request:
     line = _slack_escape(summary(event, incident, tenants=tenants))
-    link = incident.links["incident"]
+    link = incident.links["page"]
     linked = f"<{link}|Open incident {incident.id}>" if link.startswith("http") else f"incident path: {link}"
     body = {
         "text": f"{line} {linked}",

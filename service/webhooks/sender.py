@@ -256,7 +256,8 @@ class WebhookSender:
             finding_count=out.finding_count,
             source_tenants=out.source_tenants,
             recipient_tenants=out.recipient_tenants,
-            links={
+            links={  # the responder UI's page for people; the API's resources for programs
+                "page": self._link(f"/ui/incidents/{out.id}"),
                 "incident": self._link(path),
                 "impact": self._link(f"{path}/impact"),
                 "impact_csv": self._link(f"{path}/impact?format=csv"),
