@@ -272,9 +272,17 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep)
 
 
+class _Version(argparse.Action):
+    """Looked up when asked for, not each time the parser is built (installs without metadata exist)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"bleedwatch {importlib.metadata.version('bleedwatch')}")
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bleedwatch", description=__doc__)
-    p.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version('bleedwatch')}")
+    p.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the API (settings from BLEEDWATCH_* variables)")

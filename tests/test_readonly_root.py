@@ -22,10 +22,15 @@ import pytest
 from tests.conftest import DATABASE_URL, REDIS_URL, _drop_prefix
 from tests.observability import ROOT
 
+# $0 is the interpreter, $1 the checkout. A checkout under /tmp (a CI clone) would vanish under the
+# tmpfs that stands for the pod's /tmp: the old /tmp is kept at /mnt and the checkout bound back, read-only.
 NAMESPACE = (
     "set -e; mount --make-rprivate / ; mount --bind / / ; mount -o remount,bind,ro / ; "
+    'case "$1" in /tmp/*) mount --bind /tmp /mnt ;; esac ; '
     "mount -t tmpfs -o size=64m tmpfs /tmp ; mkdir /tmp/bleedwatch-metrics ; "
-    "mount -t tmpfs -o size=16m tmpfs /tmp/bleedwatch-metrics ; cd / ; "
+    "mount -t tmpfs -o size=16m tmpfs /tmp/bleedwatch-metrics ; "
+    'case "$1" in /tmp/*) mkdir -p "$1" ; mount --bind "/mnt${1#/tmp}" "$1" ; '
+    'mount -o remount,bind,ro "$1" ;; esac ; cd / ; '
     'exec "$0" -m tests.readonly_stack'
 )
 
@@ -59,7 +64,7 @@ def test_migrate_serve_and_work_with_a_read_only_root(schema: str) -> None:
     }
     try:
         out = subprocess.run(
-            [unshare, "--mount", "sh", "-c", NAMESPACE, sys.executable],
+            [unshare, "--mount", "sh", "-c", NAMESPACE, sys.executable, str(ROOT)],
             env=env,
             capture_output=True,
             text=True,
