@@ -33,6 +33,7 @@ from service.auth.keys import Role, create_key
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.index.base import Index
+from service.local_server import local_server
 from service.migrate import upgrade
 from tests.redis_servers import RedisClusterServers
 
@@ -196,3 +197,20 @@ async def running_api(settings: Settings) -> AsyncIterator[Api]:
 async def api(settings: Settings) -> AsyncIterator[Api]:
     async with running_api(settings) as running:
         yield running
+
+
+@dataclass
+class Served:
+    """A server on a loopback port, for clients in other processes (an SDK wheel's venv, LiteLLM's)."""
+
+    url: str
+    tokens: dict[Role, str]
+
+
+@pytest.fixture
+def served(settings: Settings) -> Iterator[Served]:
+    if settings.database_url is None:
+        upgrade(settings)
+    tokens = asyncio.run(_create_keys(settings))
+    with local_server(create_app(settings)) as url:
+        yield Served(url, tokens)

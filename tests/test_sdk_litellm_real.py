@@ -8,25 +8,18 @@ from its proxy. The test is skipped only when that install fails, and the skip s
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from service.app import create_app
 from service.auth.keys import Role
-from service.config import Settings
-from service.local_server import local_server
-from service.migrate import upgrade
 from tests.aux_venv import ROOT, SDK, NotInstallable, cached_venv, python, sdk_requirements
-from tests.conftest import _create_keys
+from tests.conftest import Served
 from tests.traffic import KEY, TEXTS
 
 LITELLM = "litellm==1.110.2"  # pinned: the callback's reading of its arguments is checked against this one
@@ -58,21 +51,6 @@ def litellm_python() -> Path:
     except NotInstallable as exc:
         pytest.skip(f"litellm could not be installed in a venv of its own: {exc}")
     return python(venv_dir)
-
-
-@dataclass
-class Served:
-    url: str
-    tokens: dict[Role, str]
-
-
-@pytest.fixture
-def served(settings: Settings) -> Iterator[Served]:
-    if settings.database_url is None:
-        upgrade(settings)
-    tokens = asyncio.run(_create_keys(settings))
-    with local_server(create_app(settings)) as url:
-        yield Served(url, tokens)
 
 
 def source_words() -> list[str]:

@@ -9,24 +9,17 @@ fingerprinted and accepted by a running bleedwatch on a loopback port.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from bleedwatch import fingerprint_text
-from service.app import create_app
 from service.auth.keys import Role
-from service.config import Settings
-from service.local_server import local_server
-from service.migrate import upgrade
 from tests.aux_venv import SDK, build_sdk_wheel, cached_venv, closure_mb, python, sdk_requirements, site_packages
-from tests.conftest import _create_keys
+from tests.conftest import Served
 from tests.traffic import KEY, TEXTS
 
 # Run in the fresh venv. Nothing of the server may be importable, and nothing of this checkout.
@@ -54,21 +47,6 @@ print(json.dumps({
     "modules": sorted({m.split(".")[0] for m in sys.modules}),
 }))
 """
-
-
-@dataclass
-class Served:
-    url: str
-    tokens: dict[Role, str]
-
-
-@pytest.fixture
-def served(settings: Settings) -> Iterator[Served]:
-    if settings.database_url is None:
-        upgrade(settings)
-    tokens = asyncio.run(_create_keys(settings))
-    with local_server(create_app(settings)) as url:
-        yield Served(url, tokens)
 
 
 @pytest.fixture(scope="session")
