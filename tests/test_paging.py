@@ -49,6 +49,7 @@ from service.webhooks.models import WebhookDelivery
 from service.webhooks.sender import paging_routes
 from tests.conftest import Api, running_api
 from tests.incident_traffic import get, leak, patch
+from tests.test_webhooks import deliveries
 from tests.traffic import words
 
 pytestmark = pytest.mark.anyio
@@ -234,15 +235,6 @@ def with_targets(settings: Settings, receivers: dict[str, Receiver], **severity:
     return settings.model_copy(update=update)
 
 
-async def outbox_rows(settings: Settings) -> list[WebhookDelivery]:
-    engine = make_engine(settings)
-    try:
-        async with session_scope(make_sessionmaker(engine)) as session:
-            return list((await session.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id))).all())
-    finally:
-        await engine.dispose()
-
-
 async def only_incident(api: Api) -> dict[str, Any]:
     (incident,) = (await get(api, "/v1/incidents"))["items"]
     assert isinstance(incident, dict)
@@ -319,7 +311,7 @@ async def test_open_escalate_acknowledge_resolve_pages_with_one_dedup_key(
     assert len(set(ids)) == 4  # one message id per event (the same on a retry)
     no_tenant_text(receivers)
 
-    rows = await outbox_rows(settings)
+    rows = await deliveries(settings)
     assert len(rows) == 12
     assert all(r.delivered_at is not None and r.attempts == 1 for r in rows)
     if capture := os.environ.get("BLEEDWATCH_PAGING_CAPTURE"):
@@ -363,7 +355,7 @@ async def test_routed_by_severity_and_a_failing_target_blocks_no_other(
     ]
     assert receivers["hook"].accepted == []  # critical only
 
-    rows = await outbox_rows(settings)
+    rows = await deliveries(settings)
     by_target = {t: [(r.event, r.delivered_at is not None) for r in rows if r.target == t] for t in ("pd", "ops")}
     assert by_target["pd"] == [("incident.escalated", True), ("incident.resolved", True)]
     assert [event for event, _ in by_target["ops"]] == ["incident.opened", "incident.escalated", "incident.resolved"]
@@ -380,7 +372,7 @@ async def test_a_refused_event_is_given_up_at_once(settings: Settings, receivers
         await leak(api, "argparse", "acme", "globex", time.time())
         await receivers["slack"].wait_for(1)
         for _ in range(200):
-            (row,) = [r for r in await outbox_rows(settings) if r.target == "pd"]
+            (row,) = [r for r in await deliveries(settings) if r.target == "pd"]
             if row.failed_at is not None:
                 break
             await asyncio.sleep(0.02)
