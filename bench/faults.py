@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -66,7 +65,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.ingest import all_findings
+from bench.ingest import all_findings, redis_benchmark_sets
 from bench.load import Mix, Poster, TextPair, batches, chat_texts, fingerprint_all, fingerprint_count, percentile
 from bench.service import BLEEDWATCH, DATABASE_URL, LISTPACK_LIMITS
 from bleedwatch import BleedwatchClient
@@ -363,15 +362,7 @@ async def closed_burst(
 
 def sets(port: int) -> float:
     """``redis-benchmark`` SET/s from 8 clients without pipelining: Redis' own price of each fsync policy."""
-    out = subprocess.run(
-        ["redis-benchmark", "-p", str(port), "-t", "set", "-n", "20000", "-c", "8", "-q"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    match = re.findall(r"SET: ([\d.]+) requests per second", out)
-    return float(match[-1]) if match else float("nan")
+    return redis_benchmark_sets("-p", str(port), "-n", "20000", "-c", "8")
 
 
 def drained(client: redis.Redis, keys: Keys) -> bool:

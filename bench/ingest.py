@@ -59,12 +59,13 @@ def redis_ceiling(url: str, cluster: bool) -> float:
     """``redis-benchmark -P 64 SET`` against the server; with ``cluster``, against all its masters."""
     host, port = url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
     where = ["--cluster", "-h", host, "-p", port] if cluster else ["-u", url]
+    return redis_benchmark_sets(*where, "-P", "64", "-n", "1000000")
+
+
+def redis_benchmark_sets(*args: str) -> float:
+    """SET/s that ``redis-benchmark`` with these arguments reports."""
     out = subprocess.run(
-        ["redis-benchmark", *where, "-P", "64", "-n", "1000000", "-t", "set", "-q"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
+        ["redis-benchmark", *args, "-t", "set", "-q"], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     match = re.findall(r"SET: ([\d.]+) requests per second", out)
     return float(match[-1]) if match else float("nan")
