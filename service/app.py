@@ -28,7 +28,6 @@ from service.db import make_engine, make_sessionmaker
 from service.deployments.risk import RiskMonitor
 from service.deployments.routes import router as deployments_router
 from service.deployments.rules import load_rules
-from service.deployments.settings import RiskSettings
 from service.deps import AppDeps, Deps
 from service.findings.routes import router as findings_router
 from service.incidents import grouping
@@ -127,8 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
-        risk_settings = RiskSettings()
-        risk = RiskMonitor(sessions, load_rules(risk_settings.risk_rules_file), risk_settings.risk_refresh_seconds)
+        risk = RiskMonitor(sessions, load_rules(settings.risk_rules_file), settings.risk_refresh_seconds)
         webhooks = make_sender(sessions, settings)
         # Findings join incidents in the session that stores them (service/incidents/grouping.py).
         grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings)))

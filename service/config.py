@@ -128,6 +128,12 @@ class Settings(BaseSettings):
     metrics_max_nodes: int = Field(50, ge=1, le=1000)
     tracing: bool = False
 
+    # Deployment risk (docs/deployment-risk.md): a rules file replacing the shipped
+    # service/deployments/rules.toml, and how often every replica recomputes the risk gauges
+    # from the database (also at start and on PUT).
+    risk_rules_file: Path | None = None
+    risk_refresh_seconds: float = Field(15.0, gt=0)
+
     @field_validator("accepted_key_ids", mode="before")
     @classmethod
     def _split_key_ids(cls, value: object) -> object:

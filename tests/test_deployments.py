@@ -261,7 +261,7 @@ async def test_an_operators_rules_file_replaces_the_shipped_one(
         'field = "kv_transfer_batch_cap"\n'
         "max = 16\n"
     )
-    monkeypatch.setenv("BLEEDWATCH_RISK_RULES_FILE", str(rules))
+    monkeypatch.setattr(settings, "risk_rules_file", rules)  # BLEEDWATCH_RISK_RULES_FILE
     async with running_api(settings) as api:
         body = (await put(api, "v", SAFE | {"engine": "vllm", "engine_version": "0.9.1"})).json()
         assert [(v["rule"], v["detail"]) for v in body["violations"]] == [
@@ -272,7 +272,7 @@ async def test_an_operators_rules_file_replaces_the_shipped_one(
         newer["safeguards"]["kv_transfer_batch_cap"] = 8
         assert (await put(api, "v", newer)).json()["violations"] == []
         assert gauge(await scrape(api), "vllm_before_isolation_fix") == 0
-    monkeypatch.setenv("BLEEDWATCH_RISK_RULES_FILE", str(tmp_path / "missing.toml"))
+    monkeypatch.setattr(settings, "risk_rules_file", tmp_path / "missing.toml")
     with pytest.raises(RulesError, match="cannot read"):
         async with running_api(settings):
             pass
