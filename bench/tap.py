@@ -3,7 +3,7 @@
     .venv/bin/python bench/tap.py                     # 200 concurrent streams, 3 rounds
     .venv/bin/python bench/tap.py --concurrency 50 --requests 1000
 
-Three server processes, as deployed: the simulator's engine (service/sim, its OpenAI front,
+Three server processes, as deployed: the simulator's engine (service/tools/sim, its OpenAI front,
 fixed mode), the tap in front of it (uvloop, httptools; one process), and a stub bleedwatch
 that answers 202 at once (the tap fingerprints every answer and ships it, as in production;
 what bleedwatch does with the batches is not the tap's latency). The load generator, in this
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import percentile
 from service.local_server import free_port
-from service.sim.corpus import prompt
+from service.tools.sim.corpus import prompt
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
 KEY_HEX = "11" * 32
@@ -45,8 +45,8 @@ KEY_HEX = "11" * 32
 def engine_server(port: int, chunk_delay: float) -> None:
     import uvicorn
 
-    from service.sim.engine import Engine, EngineConfig, Mode
-    from service.sim.front import create_front, sim_keys
+    from service.tools.sim.engine import Engine, EngineConfig, Mode
+    from service.tools.sim.front import create_front, sim_keys
 
     # Pools large enough that 200 prompts in flight are never refused for room.
     config = EngineConfig(mode=Mode.FIXED, context_length=4_000, prefill_pool_tokens=4_000, decode_pool_tokens=4_000)

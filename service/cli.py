@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
 from service.auth.keys import Role
 from service.responder import add_parsers as add_responder_parsers
-from service.sim.cli import add_parser as add_sim_parser
+from service.tools.sim.cli import add_parser as add_sim_parser
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -156,7 +156,7 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
 
 def _allowlist(args: argparse.Namespace) -> int:
     from service.allowlist.public import BundleMissing
-    from service.probe import allowlist_add, import_public
+    from service.tools.probe import allowlist_add, import_public
 
     keys = _client_args(args, "admin")
     if keys is None:
@@ -187,7 +187,7 @@ def _allowlist(args: argparse.Namespace) -> int:
 
 
 def _canary(args: argparse.Namespace) -> int:
-    from service.probe import canary_probe
+    from service.tools.probe import canary_probe
 
     keys = _client_args(args, "admin")
     if keys is None:
@@ -210,7 +210,7 @@ def _canary(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from service.replay import replay_file
+    from service.tools.replay import replay_file
 
     keys = _client_args(args, "ingest")
     if keys is None:
@@ -267,7 +267,7 @@ def _tap(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from service.demo.run import run_demo
+    from service.tools.demo.run import run_demo
 
     return run_demo(keep=args.keep)
 

@@ -17,11 +17,11 @@ from service.app import create_app
 from service.auth.keys import Role
 from service.config import Settings
 from service.migrate import upgrade
-from service.sim.engine import Engine, EngineConfig
-from service.sim.front import create_front, sim_keys
-from service.sim.gateway import Gateway, create_gateway
-from service.sim.reporter import Reporter
-from service.sim.traffic import Planned, Sent, send
+from service.tools.sim.engine import Engine, EngineConfig
+from service.tools.sim.front import create_front, sim_keys
+from service.tools.sim.gateway import Gateway, create_gateway
+from service.tools.sim.reporter import Reporter
+from service.tools.sim.traffic import Planned, Sent, send
 from tests.conftest import Api, _create_keys
 from tests.traffic import KEY
 

@@ -14,7 +14,7 @@ from service.auth.keys import Role
 from service.config import Settings
 from service.deployments.rules import RulesError, load_rules, parse_rules, parse_version
 from service.deployments.schemas import DeploymentConfig
-from service.sim.engine import EngineConfig, Mode
+from service.tools.sim.engine import EngineConfig, Mode
 from tests.conftest import Api, running_api
 
 pytestmark = pytest.mark.anyio

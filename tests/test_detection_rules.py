@@ -11,7 +11,7 @@ from bleedwatch.exchange import fingerprint_exchange
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params, key_id
 from service.auth.keys import Role
-from service.probe import UNSAMPLED, canary_text
+from service.tools.probe import UNSAMPLED, canary_text
 from tests.conftest import Api
 from tests.traffic import KEY, fp, words
 from tests.traffic import exchange as ex

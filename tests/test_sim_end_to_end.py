@@ -13,8 +13,8 @@ import pytest
 
 from service.auth.keys import Role
 from service.config import Settings
-from service.sim.engine import EngineConfig, Mode, Served
-from service.sim.traffic import Planned
+from service.tools.sim.engine import EngineConfig, Mode, Served
+from service.tools.sim.traffic import Planned
 from tests.sim_stack import Stack, sim_stack
 
 pytestmark = pytest.mark.anyio

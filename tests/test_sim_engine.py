@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from service.sim.corpus import TENANTS, prompt, tenant_words
-from service.sim.engine import Engine, EngineConfig, Mode, Pool, Refused, Served, Signal, answer
-from service.sim.traffic import plan
+from service.tools.sim.corpus import TENANTS, prompt, tenant_words
+from service.tools.sim.engine import Engine, EngineConfig, Mode, Pool, Refused, Served, Signal, answer
+from service.tools.sim.traffic import plan
 
 SMALL = EngineConfig(context_length=400, prefill_pool_tokens=200, decode_pool_tokens=400, page_size=16)
 FIXED_SMALL = replace(SMALL, mode=Mode.FIXED)

@@ -15,12 +15,12 @@ from service.auth.keys import Role
 from service.config import Settings
 from service.local_server import local_server
 from service.migrate import upgrade
-from service.probe import canary_probe
-from service.sim.corpus import prompt
-from service.sim.engine import Engine, EngineConfig, Mode
-from service.sim.front import create_front, sim_keys
-from service.sim.gateway import create_gateway
-from service.sim.openai_wire import StreamReader
+from service.tools.probe import canary_probe
+from service.tools.sim.corpus import prompt
+from service.tools.sim.engine import Engine, EngineConfig, Mode
+from service.tools.sim.front import create_front, sim_keys
+from service.tools.sim.gateway import create_gateway
+from service.tools.sim.openai_wire import StreamReader
 from tests.conftest import _create_keys
 from tests.traffic import KEY
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from service.sim.reporter import _error_code
+from service.tools.sim.reporter import _error_code
 
 
 def test_a_refusal_is_logged_by_its_code_not_its_body() -> None:

@@ -24,9 +24,9 @@ from service.auth.keys import Role
 from service.cli import main
 from service.config import Settings
 from service.local_server import free_port, local_server
-from service.sim.corpus import prompt
 from service.tap import Tap, TapSettings
 from service.tap.apis import PATHS, Api, read_exchange, sse_data
+from service.tools.sim.corpus import prompt
 from tests.fake_engine import FakeEngine, request
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY

@@ -44,7 +44,7 @@ from bleedwatch.exchange import fingerprint_exchange
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
 from bleedwatch.fingerprint.tokens import tokenize
 from service.allowlist.public import bundle
-from service.probe import allowlist_add, import_public
+from service.tools.probe import allowlist_add, import_public
 
 
 async def replay(service: Running, traffic: Traffic, key: bytes, batch: int, params: Params) -> float:

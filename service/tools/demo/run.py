@@ -31,11 +31,11 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.local_server import local_server
 from service.migrate import upgrade
-from service.sim.engine import Engine, EngineConfig, History, Mode
-from service.sim.front import create_front, sim_keys
-from service.sim.gateway import create_gateway
-from service.sim.reporter import Reporter
-from service.sim.traffic import Planned, Sent, plan, send
+from service.tools.sim.engine import Engine, EngineConfig, History, Mode
+from service.tools.sim.front import create_front, sim_keys
+from service.tools.sim.gateway import create_gateway
+from service.tools.sim.reporter import Reporter
+from service.tools.sim.traffic import Planned, Sent, plan, send
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
 REQUESTS = 24

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.sim.engine import EngineConfig
-    from service.sim.traffic import Sent
+    from service.tools.sim.engine import EngineConfig
+    from service.tools.sim.traffic import Sent
 
 DEFAULT_TENANTS = ("acme", "globex", "initech", "umbrella")
 
 
 def _tenants(values: list[str] | None) -> dict[str, str]:
     """key -> tenant, from ``name`` or ``name=key`` values."""
-    from service.sim.front import sim_keys
+    from service.tools.sim.front import sim_keys
 
     if not values:
         return sim_keys(DEFAULT_TENANTS)
@@ -38,7 +38,7 @@ def _tenants(values: list[str] | None) -> dict[str, str]:
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
-    from service.sim.engine import EngineConfig, Mode
+    from service.tools.sim.engine import EngineConfig, Mode
 
     return EngineConfig(
         deployment=args.deployment,
@@ -55,9 +55,9 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 def _engine(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.sim.engine import Engine
-    from service.sim.front import create_front
-    from service.sim.reporter import Reporter
+    from service.tools.sim.engine import Engine
+    from service.tools.sim.front import create_front
+    from service.tools.sim.reporter import Reporter
 
     config = _engine_config(args)
     reporter = None
@@ -79,7 +79,7 @@ def _engine(args: argparse.Namespace) -> int:
 def _gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from service.sim.gateway import create_gateway
+    from service.tools.sim.gateway import create_gateway
 
     key_hex = Path(args.key_file).read_text().strip() if args.key_file else os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
     if not key_hex or not args.api_key:
@@ -103,7 +103,7 @@ def _gateway(args: argparse.Namespace) -> int:
 def _traffic(args: argparse.Namespace) -> int:
     import httpx
 
-    from service.sim.traffic import plan, send
+    from service.tools.sim.traffic import plan, send
 
     keys = _tenants(args.tenant)
     by_tenant = {tenant: key for key, tenant in keys.items()}

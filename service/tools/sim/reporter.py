@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from service.sim.engine import Signal
+from service.tools.sim.engine import Signal
 
 log = logging.getLogger("bleedwatch.sim")
 

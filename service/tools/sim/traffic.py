@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from service.sim.corpus import prompt, tenant_words
-from service.sim.openai_wire import StreamReader
+from service.tools.sim.corpus import prompt, tenant_words
+from service.tools.sim.openai_wire import StreamReader
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from service.sim import openai_wire as wire
-from service.sim.engine import Engine, Refused
-from service.sim.reporter import Reporter
+from service.tools.sim import openai_wire as wire
+from service.tools.sim.engine import Engine, Refused
+from service.tools.sim.reporter import Reporter
 
 log = logging.getLogger("bleedwatch.sim")
 
