@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from service.deps import AppDeps
 
 from service import metrics
-from service.auth.keys import DB_DOWN, Caller, Role
+from service.auth.keys import Caller, Role
+from service.db import DB_DOWN
 from service.errors import ApiError, Forbidden, RateLimited, Unauthorized, Unavailable
 from service.ratelimit import RateLimiter, retry_after
 

@@ -45,8 +45,7 @@ import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics
-from service.auth.keys import DB_DOWN
-from service.db import session_scope
+from service.db import DB_DOWN, session_scope
 from service.findings import store
 from service.index.base import Outbox
 from service.matching.matcher import FindingDraft

@@ -29,11 +29,12 @@ from service.auth.keys import Caller
 from service.errors import ApiError, Forbidden, TooManyNewTenants, Unavailable
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest import envelope
-from service.ingest.decode import Decoded, Limits, check_exchange, check_size, decode_exchange, parse_exchange
+from service.ingest.decode import Limits, check_exchange, check_size, decode_exchange, parse_exchange
 from service.ingest.outbox import FindingsWriter
 from service.ingest.schemas import Batch, Exchange, ExchangeResult, IngestResult
 from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
+from service.wire import Decoded
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from service import audit, cursors, metrics
 from service.audit.log import filters
 from service.auth.deps import READERS
 from service.auth.gate import client_address
-from service.auth.keys import DB_DOWN, Caller, Role
-from service.db import session_scope
+from service.auth.keys import Caller, Role
+from service.db import DB_DOWN, session_scope
 from service.deps import AppDeps, Deps
 from service.errors import ApiError, NotFound
 from service.incidents import impact, store
