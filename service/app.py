@@ -31,6 +31,7 @@ from service.deployments.rules import load_rules
 from service.deployments.settings import RiskSettings
 from service.deps import AppDeps, Deps
 from service.findings.routes import router as findings_router
+from service.findings.writer import FindingsWriter
 from service.incidents import grouping
 from service.incidents.monitor import IncidentMonitor
 from service.incidents.routes import router as incidents_router
@@ -40,7 +41,6 @@ from service.index.memory import MemoryIndex
 from service.index.redis_index import RedisIndex
 from service.index.window import Window
 from service.ingest.decode import Limits
-from service.ingest.outbox import FindingsWriter
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker

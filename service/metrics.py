@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from service.config import Settings
+    from service.findings.draft import FindingDraft
     from service.index.base import DocMeta
-    from service.matching.matcher import FindingDraft
 
 
 def registry() -> CollectorRegistry:

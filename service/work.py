@@ -28,8 +28,8 @@ from service import audit, metrics, tracing
 from service.app import limits, make_index, thresholds
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
+from service.findings.writer import FindingsWriter
 from service.incidents import grouping
-from service.ingest.outbox import FindingsWriter
 from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker
 from service.matching.known import KnownFingerprints

@@ -1,4 +1,4 @@
-"""Findings into incidents, in the transaction that stores the finding (``findings.store.upsert``).
+"""Findings into incidents, in the transaction that stores the finding (``service.findings.writer``).
 
 A finding joins the open (or acknowledged) incident of its model and deployment whose span of
 leaked responses, widened by the quiet gap on both sides, holds the finding's response time;
@@ -28,7 +28,7 @@ from service.webhooks import outbox
 from service.webhooks.targets import Route
 
 if TYPE_CHECKING:
-    from service.matching.matcher import FindingDraft
+    from service.findings.draft import FindingDraft
 
 POLICY_KEY = "bleedwatch.incidents"
 SYSTEM_ACTOR = "bleedwatch"

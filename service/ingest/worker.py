@@ -29,8 +29,8 @@ import uuid
 import redis.exceptions
 
 from service import metrics
+from service.findings.writer import DATABASE_DOWN
 from service.index.base import Queue
-from service.ingest.outbox import DATABASE_DOWN
 from service.ingest.schemas import IngestResult
 from service.ingest.service import Ingestor
 from service.periodic import Periodic

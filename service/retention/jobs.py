@@ -243,7 +243,7 @@ def without_tenant_exchanges(tenant: str, item: bytes) -> bytes | None:
 
 
 def without_tenant_finding(tenant: str, item: bytes) -> bytes | None:
-    """A held finding (service/ingest/outbox.py) without the tenant: dropped where it is recipient or
+    """A held finding (service/findings/writer.py) without the tenant: dropped where it is recipient or
     top source, its evidence scrubbed where it is one more source (as ``purge_tenant`` does)."""
     try:
         held = orjson.loads(item)
