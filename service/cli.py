@@ -129,7 +129,7 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> int:
-    from service.ingest.worker import queue_command
+    from service.queue_cli import queue_command
 
     return asyncio.run(queue_command(args.queue_command))
 

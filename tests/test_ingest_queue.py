@@ -34,7 +34,7 @@ from service.index.base import Index, Queue
 from service.ingest import envelope
 from service.ingest import worker as worker_module
 from service.ingest.service import Ingestor
-from service.ingest.worker import queue_command
+from service.queue_cli import queue_command
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
 from tests.test_end_to_end import assert_the_leak, findings, traffic
 from tests.traffic import totals
