@@ -16,7 +16,8 @@ from sqlalchemy import text
 from service import api_docs, audit, errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
-from service.auth.gate import AuthFailures, AuthGate
+from service.auth.failures import AuthFailures
+from service.auth.gate import AuthGate
 from service.auth.keys import KeyVerifier
 from service.auth.revocations import make_revocations
 from service.auth.routes import router as keys_router
