@@ -21,6 +21,7 @@ import redis.exceptions
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from sqlalchemy import event
 
+from service.findings.severity import Severity
 from service.webhooks.targets import LEGACY_TARGET
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def registry() -> CollectorRegistry:
     return merged
 
 
-SEVERITIES = ("low", "high", "critical")
+SEVERITIES = tuple(Severity)
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
 REJECT_REASONS = (

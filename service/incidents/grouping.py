@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db import utcnow
+from service.findings.severity import SEVERITY_RANK
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
 from service.logging import current_request_id
 from service.webhooks import outbox
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 POLICY_KEY = "bleedwatch.incidents"
 SYSTEM_ACTOR = "bleedwatch"
-SEVERITY_RANK = {"low": 1, "high": 2, "critical": 3}
 ACTIVE = ("open", "acknowledged")
 _LOCK_NAMESPACE = b"bleedwatch.incident-group"
 
