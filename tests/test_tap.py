@@ -7,6 +7,7 @@ chooses); bleedwatch is the real app on the test's backend (``tests/sim_stack.bl
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -395,3 +396,21 @@ async def test_a_client_leaving_mid_stream_aborts_the_upstream_and_ships_the_par
     assert (exchange["prompt"], exchange["response"]) == (expected["prompt"], expected["response"])
     whole = fingerprint_exchange(read.prompt, answer, key=KEY, tenant="acme", request_id="r", model="m")
     assert exchange["response"] != whole["response"]
+
+
+def _env_name(name: str, info: Any) -> str:
+    alias = info.validation_alias
+    return alias.choices[0] if alias is not None else f"BLEEDWATCH_TAP_{name.upper()}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/tap.md"])
+def test_every_tap_setting_is_documented_and_nothing_else(doc: str) -> None:
+    """Each TapSettings field is a row of the doc's settings table; every BLEEDWATCH_TAP_* it names exists."""
+    text = (Path(__file__).parent.parent / doc).read_text()
+    settings = {_env_name(name, info) for name, info in TapSettings.model_fields.items()}
+    rows = set(re.findall(r"^\| `(BLEEDWATCH_\w+)` \|", text, flags=re.MULTILINE))
+    assert settings - rows == set(), f"settings missing from {doc}'s table"
+    named = set(re.findall(r"\bBLEEDWATCH_TAP_\w+", text))
+    assert named - settings == set(), f"{doc} names tap settings that do not exist"
+    if doc == "docs/tap.md":  # its table is the tap's alone (the README's also lists the server's)
+        assert rows == settings
