@@ -438,10 +438,9 @@ class Tap:
             # Reading and hashing off the event loop: in worker processes (no GIL shared with the relaying)
             # or, with BLEEDWATCH_TAP_FINGERPRINT_WORKERS=0, in one thread of this process.
             assert self._fingerprinters is not None, "the tap is not started"
-            started = time.perf_counter()
             loop = asyncio.get_running_loop()
-            exchange = await loop.run_in_executor(self._fingerprinters, _fingerprint, relayed, self._key)
-            self.metrics.fingerprint_seconds.observe(time.perf_counter() - started)
+            exchange, seconds = await loop.run_in_executor(self._fingerprinters, _fingerprint, relayed, self._key)
+            self.metrics.fingerprint_seconds.observe(seconds)
             if exchange is None:
                 self._skip("nothing_to_read")
                 return
@@ -486,12 +485,15 @@ def _names(relayed: _Relayed, read: Exchange) -> dict[str, Any]:
     }
 
 
-def _fingerprint(relayed: _Relayed, key: bytes) -> dict[str, Any] | None:
-    """In a worker process: the exchange's wire form (fingerprints only), or None when there is no text."""
+def _fingerprint(relayed: _Relayed, key: bytes) -> tuple[dict[str, Any] | None, float]:
+    """In a worker: the exchange's wire form (fingerprints only), or None when there is no text; and the
+    seconds it took, timed here so that waiting for a free worker is not counted as fingerprinting."""
+    started = time.perf_counter()
     read = _read(relayed)
     if read is None:
-        return None
-    return fingerprint_exchange(read.prompt, read.response, key=key, ts=time.time(), **_names(relayed, read))
+        return None, time.perf_counter() - started
+    exchange = fingerprint_exchange(read.prompt, read.response, key=key, ts=time.time(), **_names(relayed, read))
+    return exchange, time.perf_counter() - started
 
 
 async def _disconnected(receive: Receive) -> None:
