@@ -44,6 +44,7 @@ class FakeEngine:
     prompt_tokens: int = 42
     calls: int = 0
     stall_after: int | None = None
+    break_off: bool = False  # instead of stalling, drop the connection mid-answer (as a crashing engine)
     aborted: int = 0
     left: threading.Event = field(default_factory=threading.Event)  # set with each abort, for other threads
     bodies: list[bytes] = field(default_factory=list)
@@ -90,6 +91,8 @@ class FakeEngine:
         if self.stall_after is not None:
             head = b"".join(chunks[: self.stall_after])
             await send({"type": "http.response.body", "body": head, "more_body": True})
+            if self.break_off:
+                raise ConnectionAbortedError("the fake engine breaks off")
             while (await receive())["type"] != "http.disconnect":
                 pass
             self.aborted += 1

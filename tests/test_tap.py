@@ -414,3 +414,30 @@ def test_every_tap_setting_is_documented_and_nothing_else(doc: str) -> None:
     assert named - settings == set(), f"{doc} names tap settings that do not exist"
     if doc == "docs/tap.md":  # its table is the tap's alone (the README's also lists the server's)
         assert rows == settings
+
+
+async def test_an_engine_breaking_off_mid_stream_ships_what_was_relayed_as_partial() -> None:
+    path = "/v1/chat/completions"
+    engine = FakeEngine(answer=prompt("acme", 200), stall_after=24, break_off=True)
+    body = orjson.dumps(request(path, prompt("globex", 80), stream=True))
+    delivered = b"".join(engine.events(path, "completions-0")[:24])
+    shipped: list[dict[str, Any]] = []
+
+    def accept(req: httpx.Request) -> httpx.Response:
+        shipped.extend(orjson.loads(req.content)["exchanges"])
+        return _accept(req)
+
+    with local_server(engine) as engine_url:
+        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=httpx.MockTransport(accept))
+        with local_server(tap) as tap_url:
+            async with httpx.AsyncClient(base_url=tap_url) as client:
+                resp = await client.post(path, content=body, headers=tenant("acme"))
+    assert (resp.status_code, resp.content) == (200, delivered)  # what came, then a clean end
+    assert tap.metrics.upstream_errors.labels("stream")._value.get() == 1
+    assert tap.metrics.requests.labels("chat.completions", "upstream_error")._value.get() == 1
+    assert tap.metrics.fingerprinted.labels("partial")._value.get() == 1
+    read = read_exchange(Api.CHAT, body, delivered, streamed=True)
+    assert read is not None
+    expected = fingerprint_exchange(read.prompt, read.response, key=KEY, tenant="acme", request_id="r", model="m")
+    (exchange,) = shipped
+    assert exchange["response"] == expected["response"]
