@@ -276,7 +276,7 @@ class _Version(argparse.Action):
     """Looked up when asked for, not each time the parser is built (installs without metadata exist)."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"bleedwatch {importlib.metadata.version('bleedwatch')}")
+        print(f"bleedwatch {importlib.metadata.version('bleedwatch-server')}")
         parser.exit()
 
 
