@@ -37,13 +37,13 @@ print('\n'.join(d for d in p['dependencies'] + p['optional-dependencies']['publi
  && /opt/bleedwatch/bin/pip install -r /tmp/requirements.txt
 
 # The project: build the SDK's wheel (bleedwatch_sdk-*.whl, package `bleedwatch`) and the
-# server's (bleedwatch-*.whl, package `service`), no deps (installed above), and install both.
+# server's (bleedwatch_server-*.whl, package `service`), no deps (installed above), and install both.
 COPY sdk ./sdk
 COPY README.md ./
 COPY service ./service
 COPY migrations ./migrations
 RUN pip wheel --no-deps --wheel-dir /wheels ./sdk . \
- && /opt/bleedwatch/bin/pip install /wheels/bleedwatch_sdk-*.whl /wheels/bleedwatch-*.whl \
+ && /opt/bleedwatch/bin/pip install /wheels/bleedwatch_sdk-*.whl /wheels/bleedwatch_server-*.whl \
  && /opt/bleedwatch/bin/pip check
 
 # Fail the build if the installed package cannot find its migrations (`bleedwatch migrate` needs

@@ -39,11 +39,11 @@ def main() -> None:
         pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
         subprocess.run([*pip_wheel, "-w", str(wheels), str(SDK), str(ROOT)], check=True)
         (sdk_wheel,) = wheels.glob("bleedwatch_sdk-*.whl")
-        (server_wheel,) = wheels.glob("bleedwatch-*.whl")
+        (server_wheel,) = wheels.glob("bleedwatch_server-*.whl")
         rows = []
         for name, dist, wheel_files in (
             ("bleedwatch-sdk", "bleedwatch-sdk", [sdk_wheel]),
-            ("server (bleedwatch, no extras)", "bleedwatch", [server_wheel, sdk_wheel]),
+            ("server (bleedwatch-server, no extras)", "bleedwatch-server", [server_wheel, sdk_wheel]),
         ):
             env = Path(tmp) / dist
             venv.create(env, with_pip=True)

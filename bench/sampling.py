@@ -18,9 +18,9 @@ import numpy as np
 
 from bench.corpus import docstrings
 from bleedwatch.fingerprint.scheme import Params, fingerprint_text
-from service.app import thresholds as app_thresholds
 from service.config import Settings
 from service.matching.evidence import Budget, Match, Response, Thresholds, evaluate, is_finding
+from service.matching.thresholds import thresholds as app_thresholds
 
 SPANS = (16, 24, 32, 64, 128, 512)
 MODS = (1, 2, 4, 8, 16, 32)

@@ -101,7 +101,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         importlib.import_module("matplotlib").use("Agg")
         plt = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        raise SystemExit("the plot needs matplotlib: pip install 'bleedwatch[bench]'") from None
+        raise SystemExit("the plot needs matplotlib: pip install 'bleedwatch-server[bench]'") from None
     masters = [r["masters"] for r in runs]
     fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
     ax_rate.plot(masters, [r["fps_s"] / 1000 for r in runs], "o-", label="measured")

@@ -84,6 +84,7 @@ def tap_server(port: int, upstream: str, bleedwatch: str, fingerprint_workers: i
         fingerprint_key=KEY_HEX,
         flush_seconds=0.5,
         fingerprint_workers=fingerprint_workers,
+        metrics_port=None,  # no metrics port: several run side by side
     )
     tap = Tap(settings)
     uvicorn.run(tap, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools")

@@ -12,6 +12,8 @@ if [ ! -f "$stamp" ]; then
   echo "setting up $VENV ..." >&2
   [ -x "$VENV/bin/python" ] || "${BLEEDWATCH_PYTHON:-python3}" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  # The server's distribution was called `bleedwatch` before `bleedwatch-server`: an old install goes first.
+  "$VENV/bin/python" -m pip uninstall --quiet --yes bleedwatch 2>/dev/null || true
   "$VENV/bin/python" -m pip install --quiet -e ./sdk -e ".${extras:+[$extras]}"
   rm -f "$VENV"/.installed-*
   touch "$stamp"

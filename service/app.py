@@ -11,13 +11,13 @@ import sqlalchemy.exc
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import Redis, RedisCluster
 from sqlalchemy import text
 
 from service import api_docs, audit, errors, metrics, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
-from service.auth.gate import AuthFailures, AuthGate
+from service.auth.failures import AuthFailures
+from service.auth.gate import AuthGate
 from service.auth.keys import KeyVerifier
 from service.auth.revocations import make_revocations
 from service.auth.routes import router as keys_router
@@ -30,24 +30,22 @@ from service.deployments.routes import router as deployments_router
 from service.deployments.rules import load_rules
 from service.deps import AppDeps, Deps
 from service.findings.routes import router as findings_router
+from service.findings.writer import FindingsWriter
 from service.incidents import grouping
 from service.incidents.monitor import IncidentMonitor
 from service.incidents.routes import router as incidents_router
 from service.index.base import Index
+from service.index.factory import make_index
 from service.index.keys import Keys
-from service.index.memory import MemoryIndex
-from service.index.redis_index import RedisIndex
-from service.index.window import Window
 from service.ingest.decode import Limits
-from service.ingest.outbox import FindingsWriter
 from service.ingest.routes import router as ingest_router
 from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker
 from service.json_only import JsonOnly
 from service.logging import RequestContext
-from service.matching.evidence import Thresholds
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
+from service.matching.thresholds import thresholds
 from service.migrate import upgrade
 from service.ratelimit import make_limiter
 from service.retention.jobs import Retention, RetentionJob
@@ -59,45 +57,6 @@ from service.webhooks.sender import make_sender, paging_routes
 
 RETRY_AFTER_SECONDS = 5
 log = logging.getLogger(__name__)
-
-
-def make_index(settings: Settings) -> Index:
-    window = Window(settings.retention_seconds, settings.index_generations)
-    if settings.redis_url is None:
-        return MemoryIndex(window, settings.common_prompt_tenants, settings.common_tenants)
-    client: Redis | RedisCluster
-    if settings.redis_cluster:
-        client = RedisCluster.from_url(
-            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, client_name="bleedwatch"
-        )
-    else:
-        client = Redis.from_url(
-            settings.redis_url,
-            socket_timeout=5.0,
-            socket_connect_timeout=2.0,
-            client_name="bleedwatch",
-            health_check_interval=15,
-        )
-    return RedisIndex(
-        client,
-        Keys(settings.key_prefix),
-        window,
-        settings.common_prompt_tenants,
-        settings.common_tenants,
-        settings.index_bucket_bits,
-        settings.ingest_queue_shards,
-        settings.tenant_cache_size,
-    )
-
-
-def thresholds(settings: Settings) -> Thresholds:
-    """The finding rule's thresholds (docs/detection.md)."""
-    return Thresholds(
-        min_matched=settings.min_matched_fingerprints,
-        min_score=settings.min_copy_score,
-        high_run_tokens=settings.high_run_tokens,
-        critical_run_tokens=settings.critical_run_tokens,
-    )
 
 
 def limits(settings: Settings) -> Limits:

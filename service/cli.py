@@ -129,7 +129,7 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> int:
-    from service.ingest.worker import queue_command
+    from service.queue_cli import queue_command
 
     return asyncio.run(queue_command(args.queue_command))
 
@@ -276,7 +276,7 @@ class _Version(argparse.Action):
     """Looked up when asked for, not each time the parser is built (installs without metadata exist)."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"bleedwatch {importlib.metadata.version('bleedwatch')}")
+        print(f"bleedwatch {importlib.metadata.version('bleedwatch-server')}")
         parser.exit()
 
 

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.
     rate_limit_per_second: float = Field(50.0, ge=0)
     rate_limit_burst: int = Field(100, ge=1)
-    # Per client address: every refused API key takes a token; with none left, 429 (service/auth/gate.py); 0 = off.
+    # Per client address: every refused API key takes a token; with none left, 429 (service/auth/failures.py); 0 = off.
     auth_failures_per_second: float = Field(1.0, ge=0)
     auth_failures_burst: int = Field(20, ge=1)
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
+import sqlalchemy.exc
 import sqlalchemy.ext.asyncio
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, MetaData, TypeDecorator
 from sqlalchemy.dialects.postgresql import JSONB
@@ -30,6 +31,9 @@ NAMING_CONVENTION = {
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+# The errors that mean "the database is unreachable" (not "the query is wrong"): callers catch these
+# to serve stale or answer 503. Here, beside the engine, so catching them needs no other package.
+DB_DOWN = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
 
 
 class UTCDateTime(TypeDecorator[datetime]):

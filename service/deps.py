@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from service.auth.gate import AuthFailures
+from service.auth.failures import AuthFailures
 from service.auth.keys import KeyVerifier
 from service.auth.revocations import Revocations
 from service.config import Settings

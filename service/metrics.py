@@ -21,14 +21,15 @@ import redis.exceptions
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from sqlalchemy import event
 
+from service.findings.severity import Severity
 from service.webhooks.targets import LEGACY_TARGET
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from service.config import Settings
+    from service.findings.draft import FindingDraft
     from service.index.base import DocMeta
-    from service.matching.matcher import FindingDraft
 
 
 def registry() -> CollectorRegistry:
@@ -43,7 +44,7 @@ def registry() -> CollectorRegistry:
     return merged
 
 
-SEVERITIES = ("low", "high", "critical")
+SEVERITIES = tuple(Severity)
 TEXT_KINDS = ("prompt", "response")
 BACKENDS = ("redis", "database")
 REJECT_REASONS = (

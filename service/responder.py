@@ -23,7 +23,7 @@ from typing import Any, TextIO, get_args
 
 import httpx
 
-from service.findings.schemas import Severity
+from service.findings.severity import Severity
 from service.incidents.schemas import Order, Sort, Status
 
 PAGE = 500  # the API's largest page
@@ -276,7 +276,7 @@ def add_parsers(sub: Any) -> None:
     isub = i.add_subparsers(dest="incidents_command", required=True)
     il = isub.add_parser("list", help="incidents, newest activity first")
     il.add_argument("--status", choices=[s.value for s in Status])
-    il.add_argument("--severity", choices=get_args(Severity))
+    il.add_argument("--severity", choices=[s.value for s in Severity])
     il.add_argument("--model")
     il.add_argument("--deployment")
     il.add_argument("--tenant", help="on either side")
@@ -312,7 +312,7 @@ def add_parsers(sub: Any) -> None:
     f = sub.add_parser("findings", help="list and read findings (a read key)")
     fsub = f.add_subparsers(dest="findings_command", required=True)
     fl = fsub.add_parser("list", help="findings, newest first")
-    fl.add_argument("--severity", choices=get_args(Severity))
+    fl.add_argument("--severity", choices=[s.value for s in Severity])
     fl.add_argument("--model")
     fl.add_argument("--source-tenant")
     fl.add_argument("--recipient-tenant")

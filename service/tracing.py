@@ -2,7 +2,7 @@
 
 Spans come from the OpenTelemetry API when it is importable; without an SDK tracer provider they
 record nothing. ``BLEEDWATCH_TRACING=true`` with the ``tracing`` extra installed
-(``pip install 'bleedwatch[tracing]'``) makes ``bleedwatch serve`` and ``bleedwatch work``
+(``pip install 'bleedwatch-server[tracing]'``) makes ``bleedwatch serve`` and ``bleedwatch work``
 install an SDK provider that exports over OTLP/HTTP, configured by the standard
 ``OTEL_EXPORTER_OTLP_*`` variables, and instrument FastAPI, httpx, redis and SQLAlchemy with the
 OpenTelemetry project's own instrumentation packages. An incoming ``traceparent`` is honoured,
@@ -144,7 +144,7 @@ def configure(enabled: bool, app: Any = None) -> bool:
         redis = importlib.import_module("opentelemetry.instrumentation.redis")
         sqlalchemy = importlib.import_module("opentelemetry.instrumentation.sqlalchemy")
     except ImportError:
-        log.warning("tracing_unavailable", extra={"hint": "pip install 'bleedwatch[tracing]'"})
+        log.warning("tracing_unavailable", extra={"hint": "pip install 'bleedwatch-server[tracing]'"})
         return False
     assert _trace is not None  # the SDK depends on the API
     if not isinstance(_trace.get_tracer_provider(), sdk_trace.TracerProvider):  # once per process

@@ -1,5 +1,8 @@
 """Request field types whose validation and OpenAPI schema agree, so the schema is the contract.
 
+They live here, not in ``service/ingest/``, because ingest, canaries, allowlist and auth all read
+them: a neutral module lets each import the wire without importing the others.
+
 pydantic's lax mode reads more than the schema says: ``"12"`` or ``true`` for an integer, a
 number for a date-time. A client that trusts the schema is fine either way, but the API then
 accepts what its document calls invalid (and a fuzzer says so). ``NOT_TEXT`` refuses text and
@@ -10,10 +13,17 @@ them seconds (pydantic reads larger ones as milliseconds) and inside what dates 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BeforeValidator, WithJsonSchema
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
+
+from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
+from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
+from service.errors import Invalid, PayloadTooLarge
 
 EPOCH_SECONDS_LIMIT = 10**10  # |seconds| below this: years 1653 to 2286
 MOMENT_SCHEMA = {
@@ -50,3 +60,58 @@ def _not_text(value: object) -> object:
 # Put it after the bounds, ``Annotated[int, Field(ge=0), NOT_TEXT]``: bounds given after a validator
 # come out in the schema as pydantic's names ("ge"), which JSON Schema does not know.
 NOT_TEXT = BeforeValidator(_not_text)
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]
+RequestId = Annotated[str, StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=NAME_PATTERN)]
+Label = Annotated[str, StringConstraints(max_length=LABEL_MAX_CHARS, pattern=LABEL_PATTERN)]
+KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+# Integer fields take JSON integers only (NOT_TEXT above), so "12" and true are refused, not coerced.
+U64_MAX = 2**64 - 1
+
+
+class Text(BaseModel):
+    """Fingerprints of one text: base64 of little-endian u64/u32 arrays, or JSON integer arrays."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), NOT_TEXT]]
+    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]]
+    token_count: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    values: npt.NDArray[np.uint64]
+    offsets: npt.NDArray[np.uint32]
+    token_count: int
+
+
+def decode_array(
+    value: str | list[int], dtype: np.dtype[np.unsignedinteger], where: str
+) -> npt.NDArray[np.unsignedinteger]:
+    if isinstance(value, list):
+        return np.array(value, dtype=dtype.newbyteorder("="))
+    try:
+        return decode(value, dtype)
+    except EncodingError as exc:
+        raise Invalid(f"{where} {exc}") from None
+
+
+def decode_text(text: Text, where: str, max_fingerprints: int) -> Decoded:
+    """Arrays checked for what pydantic cannot see: size, pairing, order. The cap is a plain int so
+    callers outside ingest (canaries) need not build ingest's ``Limits``."""
+    values = decode_array(text.fingerprints, U64_LE, f"{where}.fingerprints").astype(np.uint64)
+    offsets = decode_array(text.offsets, U32_LE, f"{where}.offsets").astype(np.uint32)
+    if len(values) > max_fingerprints:
+        raise PayloadTooLarge(
+            f"{where}.fingerprints: {len(values)} fingerprints, more than the limit of {max_fingerprints} "
+            "(BLEEDWATCH_MAX_FINGERPRINTS_PER_TEXT); enable sampling in the SDK for long texts"
+        )
+    if len(values) != len(offsets):
+        raise Invalid(f"{where}: {len(values)} fingerprints but {len(offsets)} offsets; they must pair up")
+    if len(offsets) and int(offsets[-1]) >= max(text.token_count, 1):
+        raise Invalid(f"{where}.offsets: an offset is not below token_count ({text.token_count})")
+    if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
+        raise Invalid(f"{where}.offsets: offsets must be strictly increasing, as winnowing produces them")
+    return Decoded(values, offsets, text.token_count)

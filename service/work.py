@@ -25,15 +25,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from service import audit, metrics, tracing
-from service.app import limits, make_index, thresholds
+from service.app import limits
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
+from service.findings.writer import FindingsWriter
 from service.incidents import grouping
-from service.ingest.outbox import FindingsWriter
+from service.index.factory import make_index
 from service.ingest.service import Ingestor
 from service.ingest.worker import IngestWorker
 from service.matching.known import KnownFingerprints
 from service.matching.matcher import Matcher
+from service.matching.thresholds import thresholds
 from service.webhooks.sender import paging_routes
 
 

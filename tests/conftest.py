@@ -28,11 +28,12 @@ import psycopg
 import pytest
 import redis
 
-from service.app import create_app, make_index
+from service.app import create_app
 from service.auth.keys import Role, create_key
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.index.base import Index
+from service.index.factory import make_index
 from service.local_server import local_server
 from service.migrate import upgrade
 from tests.redis_servers import RedisClusterServers

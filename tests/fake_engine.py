@@ -9,6 +9,7 @@ networks between them produce.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +34,19 @@ def _words(text: str, size: int = 3) -> list[str]:
 
 @dataclass
 class FakeEngine:
-    """ASGI. ``answer`` is what every next answer says; ``calls`` counts the requests that reached it."""
+    """ASGI. ``answer`` is what every next answer says; ``calls`` counts the requests that reached it.
+
+    ``stall_after``: a stream sends that many events, then waits for the client to leave, as a
+    slow engine mid-answer would; ``aborted`` counts the streams their client left that way.
+    """
 
     answer: str = "nothing to say"
     prompt_tokens: int = 42
     calls: int = 0
+    stall_after: int | None = None
+    break_off: bool = False  # instead of stalling, drop the connection mid-answer (as a crashing engine)
+    aborted: int = 0
+    left: threading.Event = field(default_factory=threading.Event)  # set with each abort, for other threads
     bodies: list[bytes] = field(default_factory=list)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -63,19 +72,12 @@ class FakeEngine:
         if scope["method"] == "GET" and path == "/v1/models":
             await self._whole(send, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
             return
-        handler = {
-            "/v1/chat/completions": self._chat,
-            "/v1/completions": self._completions,
-            "/v1/responses": self._responses,
-            "/v1/messages": self._messages,
-            "/v1/embeddings": self._embeddings,
-        }.get(path)
-        if handler is None:
+        if path not in _HANDLERS:
             await self._whole(send, {"error": {"message": "not found"}}, 404)
             return
         request = orjson.loads(body)
         rid = f"{path.rsplit('/', 1)[-1]}-{next(self._ids)}"
-        chunks = handler(rid, bool(request.get("stream")))
+        chunks = self.events(path, rid, bool(request.get("stream")))
         if not request.get("stream"):
             await self._whole(send, orjson.loads(b"".join(chunks)))
             return
@@ -86,11 +88,25 @@ class FakeEngine:
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"x-request-id", rid.encode())],
             }
         )
+        if self.stall_after is not None:
+            head = b"".join(chunks[: self.stall_after])
+            await send({"type": "http.response.body", "body": head, "more_body": True})
+            if self.break_off:
+                raise ConnectionAbortedError("the fake engine breaks off")
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.aborted += 1
+            self.left.set()
+            return
         raw = b"".join(chunks)
         # Cut at fixed odd offsets: inside lines and events, never where the events end.
         for piece in (raw[i : i + 37] for i in range(0, len(raw), 37)):
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def events(self, path: str, rid: str, stream: bool = True) -> list[bytes]:
+        """The answer at ``path`` with id ``rid``: one event (or comment) per element when streamed."""
+        return getattr(self, _HANDLERS[path])(rid, stream)  # type: ignore[no-any-return]
 
     async def _whole(self, send: Send, data: dict[str, Any], status: int = 200) -> None:
         body = orjson.dumps(data)
@@ -205,6 +221,15 @@ class FakeEngine:
 
     def _embeddings(self, rid: str, stream: bool) -> list[bytes]:
         return [orjson.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5]}]})]
+
+
+_HANDLERS = {
+    "/v1/chat/completions": "_chat",
+    "/v1/completions": "_completions",
+    "/v1/responses": "_responses",
+    "/v1/messages": "_messages",
+    "/v1/embeddings": "_embeddings",
+}
 
 
 def request(api_path: str, prompt: str, *, stream: bool, system: str | None = None) -> dict[str, Any]:

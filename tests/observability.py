@@ -127,6 +127,8 @@ def exported_names(exposition: str) -> set[str]:
     return names
 
 
-def documented_metrics() -> set[str]:
-    """Metric names in the first column of docs/metrics.md's tables."""
-    return set(re.findall(r"^\|\s*`(bleedwatch_\w+)`", METRICS_DOC.read_text(), flags=re.MULTILINE))
+def documented_metrics(*, tap: bool = False) -> set[str]:
+    """Metric names in the first column of docs/metrics.md's tables: the service's, or with ``tap``
+    the tap's (``bleedwatch_tap_*``), which it serves from a registry and a port of its own."""
+    names = set(re.findall(r"^\|\s*`(bleedwatch_\w+)`", METRICS_DOC.read_text(), flags=re.MULTILINE))
+    return {n for n in names if n.startswith("bleedwatch_tap_") == tap}

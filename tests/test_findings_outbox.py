@@ -27,9 +27,9 @@ from service.auth.keys import Role
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.findings import store as findings_store
+from service.findings.draft import FindingDraft
+from service.findings.writer import FindingsWriter, decode_draft, encode_draft
 from service.index.base import Index
-from service.ingest.outbox import FindingsWriter, decode_draft, encode_draft
-from service.matching.matcher import FindingDraft
 from service.migrate import upgrade
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
 from tests.conftest import _truncate as truncate

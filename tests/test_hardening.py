@@ -21,7 +21,8 @@ from service import audit
 from service.auth.keys import Role
 from service.config import Settings
 from service.incidents.impact import _cell
-from service.ingest.schemas import Exchange, Name
+from service.ingest.schemas import Exchange
+from service.wire import Name
 from tests.conftest import Api
 from tests.observability import ROOT
 from tests.traffic import exchange, words

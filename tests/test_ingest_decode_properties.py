@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.errors import Invalid, PayloadTooLarge
-from service.ingest.decode import Limits, check_batch, decode_array, decode_text
-from service.ingest.schemas import Batch, Text
+from service.ingest.decode import Limits, check_batch
+from service.ingest.schemas import Batch
+from service.wire import Text, decode_array, decode_text
 from tests.traffic import exchange
 
 LIMITS = Limits(max_exchanges=10, max_fingerprints=64, max_future_seconds=300, max_age_seconds=3600)
@@ -50,7 +51,7 @@ def test_any_text_decodes_to_valid_arrays_or_is_refused_naming_the_field(
     text = Text(fingerprints=fingerprints, offsets=offsets, token_count=token_count)
     detail = None
     try:
-        decoded = decode_text(text, WHERE, LIMITS)
+        decoded = decode_text(text, WHERE, LIMITS.max_fingerprints)
     except (Invalid, PayloadTooLarge) as exc:  # the only exceptions allowed
         detail = exc.detail
     if detail is not None:
@@ -87,7 +88,7 @@ def test_well_formed_texts_round_trip_in_both_encodings(
         )
     else:
         text = Text(fingerprints=values, offsets=offsets, token_count=token_count)
-    decoded = decode_text(text, WHERE, LIMITS)
+    decoded = decode_text(text, WHERE, LIMITS.max_fingerprints)
     assert decoded.values.tolist() == values
     assert decoded.offsets.tolist() == offsets
 
@@ -97,7 +98,7 @@ def test_well_formed_texts_round_trip_in_both_encodings(
 def test_more_fingerprints_than_the_limit_is_413(values: list[int]) -> None:
     text = Text(fingerprints=values, offsets=list(range(len(values))), token_count=len(values))
     with pytest.raises(PayloadTooLarge, match=r"BLEEDWATCH_MAX_FINGERPRINTS_PER_TEXT"):
-        decode_text(text, WHERE, LIMITS)
+        decode_text(text, WHERE, LIMITS.max_fingerprints)
 
 
 @settings(max_examples=200, deadline=None)

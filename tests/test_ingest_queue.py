@@ -29,12 +29,12 @@ import sqlalchemy.exc
 from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
+from service.findings.writer import FindingsWriter
 from service.index.base import Index, Queue
 from service.ingest import envelope
 from service.ingest import worker as worker_module
-from service.ingest.outbox import FindingsWriter
 from service.ingest.service import Ingestor
-from service.ingest.worker import queue_command
+from service.queue_cli import queue_command
 from tests.conftest import ALL_BACKENDS, BACKENDS, Api, running_api
 from tests.test_end_to_end import assert_the_leak, findings, traffic
 from tests.traffic import totals

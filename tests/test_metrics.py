@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from service import metrics
 from service.auth.keys import Role
 from service.config import Settings
+from service.findings.draft import FindingDraft
 from service.index.base import Index
-from service.matching.matcher import FindingDraft
 from service.signals.schemas import SignalKind
 from tests.conftest import Api
 from tests.observability import documented_metrics, exported_names

@@ -9,9 +9,9 @@ import pytest
 import redis.asyncio
 
 from service import metrics
-from service.app import make_index
 from service.config import Settings
 from service.index.base import Doc, Index, Kind
+from service.index.factory import make_index
 from service.index.keys import DOC_REF_LIMIT, Keys
 from service.index.redis_index import RedisIndex
 from tests.conftest import ALL_BACKENDS

@@ -16,10 +16,10 @@ import time
 import pytest
 import redis
 
-from service.app import make_index
 from service.auth.keys import Role
 from service.config import Settings
 from service.index.base import Kind
+from service.index.factory import make_index
 from service.index.keys import Keys
 from tests.conftest import running_api
 from tests.traffic import exchange, words

@@ -18,11 +18,11 @@ from service.auth.keys import Role
 from service.cli import main
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope, utcnow
+from service.findings.draft import FindingDraft
 from service.findings.models import Finding
+from service.findings.writer import encode_draft
 from service.incidents.models import Incident
 from service.index.base import DocMeta, Index, Kind
-from service.ingest.outbox import encode_draft
-from service.matching.matcher import FindingDraft
 from service.retention.jobs import IndexPurged, Retention, prune, purge_tenant_index
 from tests.conftest import ALL_BACKENDS, Api, running_api
 from tests.incident_traffic import get, leak, patch, post
@@ -162,7 +162,7 @@ async def test_purge_and_prune_from_the_cli(
 
 
 def held_draft(recipient: str, source: str, minor: str | None, response_at: float) -> bytes:
-    """A finding as the outbox holds it while the database is down (service/ingest/outbox.py)."""
+    """A finding as the outbox holds it while the database is down (service/findings/writer.py)."""
     sources = [{"tenant": source, "request_id": "s-1"}] + ([{"tenant": minor, "request_id": "s-2"}] if minor else [])
     return encode_draft(
         FindingDraft(

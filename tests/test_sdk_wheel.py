@@ -93,7 +93,7 @@ def test_the_wheel_alone_fingerprints_and_posts_a_1000_token_exchange(sdk_venv: 
 def test_install_size_of_the_sdk_against_the_server(sdk_venv: Path) -> None:
     """Printed for the record (pytest -s, or the -ra summary); docs/performance.md has the figures."""
     sdk_mb, sdk_dists = closure_mb(python(sdk_venv), "bleedwatch-sdk")
-    server_mb, server_dists = closure_mb(sys.executable, "bleedwatch")
+    server_mb, server_dists = closure_mb(sys.executable, "bleedwatch-server")
     fresh = sum(f.stat().st_size for f in site_packages(sdk_venv).rglob("*") if f.is_file()) / 1e6
     print(
         f"\ninstall size: bleedwatch-sdk {sdk_mb:.1f} MB ({sdk_dists} distributions; fresh venv site-packages "

@@ -23,9 +23,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from service.app import make_index
 from service.auth.keys import Role
 from service.config import Settings
+from service.index.factory import make_index
 from service.index.keys import Keys
 from service.index.redis_index import RedisIndex
 from service.ingest.schemas import Exchange

@@ -7,6 +7,7 @@ chooses); bleedwatch is the real app on the test's backend (``tests/sim_stack.bl
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,19 +16,24 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
+from bleedwatch.exchange import fingerprint_exchange
 from service.auth.keys import Role
 from service.cli import main
 from service.config import Settings
 from service.local_server import free_port, local_server
 from service.tap import Tap, TapSettings
+from service.tap import metrics as tap_metrics
 from service.tap.apis import PATHS, Api, read_exchange, sse_data
 from service.tools.sim.corpus import prompt
 from tests.fake_engine import FakeEngine, request
+from tests.observability import documented_metrics
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY
 
@@ -45,6 +51,7 @@ def tap_settings(**extra: Any) -> TapSettings:
         "fingerprint_key": SecretStr(KEY.hex()),
         "flush_seconds": NEVER,
         "fingerprint_workers": 0,  # in the test's process; the byte-identity test runs the worker process
+        "metrics_port": "off",  # tests that scrape pick a free port
     }
     return TapSettings(**(given | extra))
 
@@ -244,8 +251,13 @@ def test_the_command_serves_the_tap(tmp_path: Path) -> None:
     engine = FakeEngine(answer="an answer")
     key_file = tmp_path / "key.hex"
     key_file.write_text(KEY.hex())
-    port = free_port()
-    env = {**os.environ, "BLEEDWATCH_TAP_FINGERPRINT_WORKERS": "0", "BLEEDWATCH_LOG_LEVEL": "warning"}
+    port, metrics_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "BLEEDWATCH_TAP_FINGERPRINT_WORKERS": "0",
+        "BLEEDWATCH_LOG_LEVEL": "warning",
+        "BLEEDWATCH_TAP_METRICS_PORT": str(metrics_port),
+    }
     with local_server(engine) as engine_url:
         args = ["--upstream", engine_url, "--port", str(port), "--api-key", "bw_x", "--key-file", str(key_file)]
         proc = subprocess.Popen([sys.executable, "-m", "service.cli", "tap", *args], env=env)
@@ -262,6 +274,7 @@ def test_the_command_serves_the_tap(tmp_path: Path) -> None:
             body = request("/v1/chat/completions", "hello", stream=True)
             refused = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
             answered = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=tenant("acme"))
+            scraped = scrape(metrics_port)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -269,3 +282,162 @@ def test_the_command_serves_the_tap(tmp_path: Path) -> None:
     assert (refused.status_code, refused.json()["error"]["code"]) == (400, "missing_tenant")
     assert answered.status_code == 200
     assert answered.text.endswith("data: [DONE]\n\n")
+    relayed = ("bleedwatch_tap_requests_total", (("outcome", "relayed"), ("route", "chat.completions")))
+    assert scraped[relayed] == 1
+    assert scraped[("bleedwatch_tap_refused_total", (("reason", "missing_tenant"),))] == 1
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The tap's /metrics: each sample by name and labels."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_the_metrics_port_counts_traffic_through_the_tap() -> None:
+    engine = FakeEngine(answer=prompt("acme", 60))
+    sent: list[int] = []
+
+    def accept(req: httpx.Request) -> httpx.Response:
+        sent.append(len(orjson.loads(req.content)["exchanges"]))
+        return httpx.Response(202, json={"accepted": sent[-1], "duplicates": 0, "results": []})
+
+    tap = Tap(
+        tap_settings(metrics_port=0, max_body_bytes=4096),
+        upstream_transport=httpx.ASGITransport(app=engine),
+        bleedwatch_transport=httpx.MockTransport(accept),
+    )
+    async with tap.running(), httpx.AsyncClient(transport=httpx.ASGITransport(app=tap), base_url="http://t") as client:
+        assert tap.metrics_port
+        before = scrape(tap.metrics_port)
+        for path in APIS:
+            assert (await client.post(path, json=request(path, "q", stream=True), headers=tenant("a"))).is_success
+        await client.post("/v1/chat/completions", json=request("/v1/chat/completions", "q", stream=False))
+        await client.post("/v1/chat/completions", content=b"x" * 5000, headers=tenant("a"))
+        await client.get("/v1/models")
+        await tap.flush()
+        after = await anyio.to_thread.run_sync(scrape, tap.metrics_port)
+    assert sum(sent) == 4
+    assert before[("bleedwatch_tap_refused_total", (("reason", "missing_tenant"),))] == 0  # present from the start
+    assert after[("bleedwatch_tap_refused_total", (("reason", "missing_tenant"),))] == 1
+    assert after[("bleedwatch_tap_refused_total", (("reason", "body_too_large"),))] == 1
+    for route in ("chat.completions", "completions", "responses", "messages"):
+        assert after[("bleedwatch_tap_requests_total", (("outcome", "relayed"), ("route", route)))] == 1
+    assert after[("bleedwatch_tap_requests_total", (("outcome", "relayed"), ("route", "passed")))] == 1
+    assert after[("bleedwatch_tap_requests_total", (("outcome", "refused"), ("route", "chat.completions")))] == 2
+    assert after[("bleedwatch_tap_exchanges_fingerprinted_total", (("answer", "complete"),))] == 4
+    assert after[("bleedwatch_tap_exchanges_fingerprinted_total", (("answer", "partial"),))] == 0
+    assert after[("bleedwatch_tap_fingerprint_seconds_count", ())] == 4
+    assert after[("bleedwatch_tap_sdk_shipped_exchanges_total", ())] == 4
+    assert after[("bleedwatch_tap_sdk_unsent_exchanges", ())] == 0
+    assert after[("bleedwatch_tap_backlog_exchanges", ())] == 0
+    assert after[("bleedwatch_tap_sdk_dropped_exchanges_total", ())] == 0
+    names = {name for name, _ in after}
+    assert not any("tenant" in labels for _, sample in after for labels in sample)
+    assert {"a", "q"}.isdisjoint({value for _, sample in after for _, value in sample})
+    for name in tap_metrics.NAMES:
+        assert name in names or f"{name}_count" in names, name
+
+
+def test_the_tap_metrics_are_documented_and_nothing_else() -> None:
+    """docs/metrics.md's tap table against what the tap's registry exports."""
+    tap = Tap(tap_settings())
+    exported = set()
+    for family in tap.metrics.registry.collect():
+        exported.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    assert exported == set(tap_metrics.NAMES)
+    assert documented_metrics(tap=True) == exported
+
+
+@pytest.mark.parametrize("path", APIS)
+async def test_a_client_leaving_mid_stream_aborts_the_upstream_and_ships_the_partial_answer(path: str) -> None:
+    """Over real sockets: the engine stalls mid-answer, the client reads what came and hangs up."""
+    answer = prompt("acme", 200)
+    stall = 24
+    engine = FakeEngine(answer=answer, stall_after=stall)
+    body = orjson.dumps(request(path, prompt("globex", 80), stream=True))
+    kind = path.rsplit("/", 1)[-1]
+    events = engine.events(path, f"{kind}-0")
+    delivered = b"".join(events[:stall])
+    shipped: list[dict[str, Any]] = []
+
+    def accept(req: httpx.Request) -> httpx.Response:
+        shipped.extend(orjson.loads(req.content)["exchanges"])
+        return _accept(req)
+
+    with local_server(engine) as engine_url:
+        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=httpx.MockTransport(accept))
+        with local_server(tap) as tap_url:
+            async with (
+                httpx.AsyncClient(base_url=tap_url) as client,
+                client.stream("POST", path, content=body, headers=tenant("acme")) as resp,
+            ):
+                got = b""
+                async for chunk in resp.aiter_raw():
+                    got += chunk
+                    if len(got) >= len(delivered):
+                        break  # leaving the block unread closes the connection
+            assert got == delivered
+            # The tap closed its connection to the engine (which runs in the server's thread).
+            assert await anyio.to_thread.run_sync(engine.left.wait, 10)
+        # Stopping the tap's server waited for the fingerprinting, and the last flush delivered it.
+    assert tap.stats.upstream_errors == 0
+    assert tap.metrics.requests.labels(PATHS[path].value, "client_gone")._value.get() == 1
+    assert tap.metrics.fingerprinted.labels("partial")._value.get() == 1
+    read = read_exchange(PATHS[path], body, delivered, streamed=True)
+    assert read is not None
+    assert 0 < len(read.response) < len(answer)
+    expected = fingerprint_exchange(read.prompt, read.response, key=KEY, tenant="acme", request_id="r", model="m")
+    (exchange,) = shipped
+    assert exchange["tenant"] == "acme"
+    assert (exchange["prompt"], exchange["response"]) == (expected["prompt"], expected["response"])
+    whole = fingerprint_exchange(read.prompt, answer, key=KEY, tenant="acme", request_id="r", model="m")
+    assert exchange["response"] != whole["response"]
+
+
+def _env_name(name: str, info: Any) -> str:
+    alias = info.validation_alias
+    return alias.choices[0] if alias is not None else f"BLEEDWATCH_TAP_{name.upper()}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/tap.md"])
+def test_every_tap_setting_is_documented_and_nothing_else(doc: str) -> None:
+    """Each TapSettings field is a row of the doc's settings table; every BLEEDWATCH_TAP_* it names exists."""
+    text = (Path(__file__).parent.parent / doc).read_text()
+    settings = {_env_name(name, info) for name, info in TapSettings.model_fields.items()}
+    rows = set(re.findall(r"^\| `(BLEEDWATCH_\w+)` \|", text, flags=re.MULTILINE))
+    assert settings - rows == set(), f"settings missing from {doc}'s table"
+    named = set(re.findall(r"\bBLEEDWATCH_TAP_\w+", text))
+    assert named - settings == set(), f"{doc} names tap settings that do not exist"
+    if doc == "docs/tap.md":  # its table is the tap's alone (the README's also lists the server's)
+        assert rows == settings
+
+
+async def test_an_engine_breaking_off_mid_stream_ships_what_was_relayed_as_partial() -> None:
+    path = "/v1/chat/completions"
+    engine = FakeEngine(answer=prompt("acme", 200), stall_after=24, break_off=True)
+    body = orjson.dumps(request(path, prompt("globex", 80), stream=True))
+    delivered = b"".join(engine.events(path, "completions-0")[:24])
+    shipped: list[dict[str, Any]] = []
+
+    def accept(req: httpx.Request) -> httpx.Response:
+        shipped.extend(orjson.loads(req.content)["exchanges"])
+        return _accept(req)
+
+    with local_server(engine) as engine_url:
+        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=httpx.MockTransport(accept))
+        with local_server(tap) as tap_url:
+            async with httpx.AsyncClient(base_url=tap_url) as client:
+                resp = await client.post(path, content=body, headers=tenant("acme"))
+    assert (resp.status_code, resp.content) == (200, delivered)  # what came, then a clean end
+    assert tap.metrics.upstream_errors.labels("stream")._value.get() == 1
+    assert tap.metrics.requests.labels("chat.completions", "upstream_error")._value.get() == 1
+    assert tap.metrics.fingerprinted.labels("partial")._value.get() == 1
+    read = read_exchange(Api.CHAT, body, delivered, streamed=True)
+    assert read is not None
+    expected = fingerprint_exchange(read.prompt, read.response, key=KEY, tenant="acme", request_id="r", model="m")
+    (exchange,) = shipped
+    assert exchange["response"] == expected["response"]

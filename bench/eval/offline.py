@@ -18,16 +18,17 @@ import orjson
 from bench.eval.traffic import Traffic, wire
 from bleedwatch.exchange import fingerprint_exchange
 from bleedwatch.fingerprint.scheme import Params, fingerprint_text
-from service.app import thresholds
 from service.config import Settings
+from service.findings.draft import FindingDraft
+from service.findings.writer import FindingsWriter, Written
 from service.index.base import DocMeta, Kind
 from service.index.memory import MemoryIndex
 from service.index.window import Window
 from service.ingest.decode import Limits
-from service.ingest.outbox import FindingsWriter, Written
 from service.ingest.service import Ingestor
 from service.matching.known import NO_CANARIES, Known, KnownFingerprints
-from service.matching.matcher import FindingDraft, Matcher
+from service.matching.matcher import Matcher
+from service.matching.thresholds import thresholds
 
 # The traffic's clock: an exchange a hundredth of a second, ending before the replay starts.
 SECONDS_PER_EXCHANGE = 0.01

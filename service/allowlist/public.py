@@ -29,7 +29,7 @@ from bleedwatch.fingerprint.tokens import tokenize
 
 DISTRIBUTION = "licensedcode-data"
 REQUIREMENT = "licensedcode-data>=32"
-INSTALL_HINT = f"pip install '{REQUIREMENT}'  (or: pip install 'bleedwatch[public]')"
+INSTALL_HINT = f"pip install '{REQUIREMENT}'  (or: pip install 'bleedwatch-server[public]')"
 SOURCE = "scancode-licensedb"
 MIN_TOKENS = 12  # a finding needs 12 copied tokens (BLEEDWATCH_MIN_COPY_SCORE 9, plus n - 1)
 SUFFIXES = (".LICENSE", ".RULE")

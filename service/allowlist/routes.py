@@ -15,7 +15,7 @@ from service.auth.keys import Caller, Role
 from service.db import session_scope
 from service.deps import Deps
 from service.errors import Conflict, Forbidden, Invalid, NotFound, PayloadTooLarge, Unauthorized, responses
-from service.ingest.decode import decode_array
+from service.wire import decode_array
 
 router = APIRouter(prefix="/v1/allowlist", tags=["allowlist"])
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]

@@ -6,8 +6,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bleedwatch.names import NAME_PATTERN
-from service.ingest.schemas import KeyId
-from service.wire import NOT_TEXT
+from service.wire import NOT_TEXT, KeyId
 
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 

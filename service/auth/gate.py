@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,50 +28,15 @@ if TYPE_CHECKING:
     from service.deps import AppDeps
 
 from service import metrics
-from service.auth.keys import DB_DOWN, Caller, Role
+from service.auth.keys import Caller, Role
+from service.db import DB_DOWN
 from service.errors import ApiError, Forbidden, RateLimited, Unauthorized, Unavailable
-from service.ratelimit import RateLimiter, retry_after
+from service.ratelimit import retry_after
 
 log = logging.getLogger(__name__)
 CALLER = "caller"  # the key in the request state (``request.state.caller``)
 ROLES_ATTRIBUTE = "bleedwatch_roles"  # set on every dependency require() makes: the gate and tests read it
-MAX_BLOCKED = 100_000  # addresses remembered as out of tokens, in process
 BEARER = {"WWW-Authenticate": "Bearer"}
-
-
-class AuthFailures:
-    """Failed authentications per client address: a token bucket, shared by replicas through Redis.
-
-    The bucket only says how long to wait once a failure found it empty; that answer is kept in
-    process, so an address with no tokens left is refused before its next key costs a query.
-    """
-
-    def __init__(self, limiter: RateLimiter) -> None:
-        self._limiter = limiter
-        self._blocked: dict[str, float] = {}  # address -> monotonic time its bucket has a token again
-
-    def blocked(self, address: str) -> float:
-        """Seconds until this address may try an unverified key again (0: now)."""
-        until = self._blocked.get(address)
-        if until is None:
-            return 0.0
-        left = until - time.monotonic()
-        if left <= 0:
-            del self._blocked[address]
-            return 0.0
-        return left
-
-    async def failed(self, address: str) -> float:
-        """Take a token for one refused key: 0 if there was one, else seconds until there is."""
-        wait = await self._limiter.take(address)
-        if wait > 0:
-            if len(self._blocked) >= MAX_BLOCKED:
-                self._blocked.clear()
-            self._blocked[address] = time.monotonic() + wait
-        return wait
-
-    async def close(self) -> None:
-        await self._limiter.close()
 
 
 def bearer_token(headers: Headers) -> str | None:

@@ -24,12 +24,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import sqlalchemy.exc
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.auth.models import ApiKey
-from service.db import session_scope, utcnow
+from service.db import DB_DOWN, session_scope, utcnow
 
 
 class Role(enum.StrEnum):
@@ -82,9 +81,6 @@ async def revoke_key(session: AsyncSession, key_id: str) -> bool:
         update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=utcnow())
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
-DB_DOWN = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)
 
 
 @dataclass(frozen=True, slots=True)

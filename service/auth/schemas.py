@@ -8,7 +8,7 @@ from pydantic.config import JsonDict
 
 from bleedwatch.names import NAME_PATTERN
 from service.auth.keys import Role
-from service.ingest.schemas import Name
+from service.wire import Name
 
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 

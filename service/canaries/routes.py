@@ -12,7 +12,7 @@ from service.canaries.schemas import CanaryIn, CanaryOut, CanaryPage
 from service.db import session_scope
 from service.deps import Deps
 from service.errors import Forbidden, Invalid, NotFound, PayloadTooLarge, Unauthorized, responses
-from service.ingest.decode import decode_text
+from service.wire import decode_text
 
 router = APIRouter(prefix="/v1/canaries", tags=["canaries"])
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
@@ -29,7 +29,7 @@ async def register(deps: Deps, caller: Admin, body: CanaryIn) -> CanaryOut:
 
     Canary text never counts as common and outlives the retention window until revoked.
     """
-    text = decode_text(body.text, "text", deps.ingestor.limits)
+    text = decode_text(body.text, "text", deps.ingestor.limits.max_fingerprints)
     async with session_scope(deps.sessions) as session:
         canary = await store.add(session, body.key_id, body.tenant, body.label, text, caller.key_id)
         await audit.record(

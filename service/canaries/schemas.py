@@ -5,7 +5,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from service.allowlist.schemas import Label
-from service.ingest.schemas import KeyId, Name, Text
+from service.wire import KeyId, Name, Text
 
 
 class CanaryIn(BaseModel):

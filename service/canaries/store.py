@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from bleedwatch.fingerprint.encoding import to_signed
 from service.canaries.models import Canary, CanaryFingerprint
 from service.db import utcnow
-from service.ingest.decode import Decoded
+from service.wire import Decoded
 
 
 async def add(session: AsyncSession, key_id: str, tenant: str, label: str, text: Decoded, created_by: str) -> Canary:

@@ -11,7 +11,8 @@ from service.db import session_scope
 from service.deps import Deps
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
 from service.findings import store
-from service.findings.schemas import FindingOut, FindingPage, Severity
+from service.findings.schemas import FindingOut, FindingPage
+from service.findings.severity import SeverityField
 from service.wire import Moment
 
 router = APIRouter(prefix="/v1/findings", tags=["findings"])
@@ -27,7 +28,7 @@ async def list_findings(
     recipient_tenant: Annotated[str | None, Query(max_length=128)] = None,
     source_tenant: Annotated[str | None, Query(max_length=128)] = None,
     model: Annotated[str | None, Query(max_length=256)] = None,
-    severity: Severity | None = None,
+    severity: SeverityField | None = None,
     cursor: Annotated[str | None, Query(pattern=cursors.ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> FindingPage:

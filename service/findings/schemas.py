@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-Severity = Literal["low", "high", "critical"]
+from service.findings.severity import SeverityField
 
 
 class FindingOut(BaseModel):
@@ -30,7 +30,7 @@ class FindingOut(BaseModel):
     matched_fingerprints: int
     longest_run_words: int
     score: float
-    severity: Severity
+    severity: SeverityField
     evidence: dict[str, Any]
 
 

@@ -11,51 +11,46 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from service import cursors
 from service.db import utcnow
+from service.findings.draft import FindingDraft
 from service.findings.models import Finding
-from service.incidents import grouping
-from service.matching.matcher import FindingDraft
 
 NO_REF = 1 << 62  # a finding stored before source_ref existed yields to an equally strong one that has it
 
 
-async def upsert(session: AsyncSession, drafts: list[FindingDraft]) -> list[tuple[FindingDraft, int, bool]]:
-    """Insert new findings; replace an existing one only with stronger evidence, or with evidence as
+async def upsert(session: AsyncSession, draft: FindingDraft) -> tuple[int, bool] | None:
+    """Insert a new finding; replace an existing one only with stronger evidence, or with evidence as
     strong from a source accepted earlier (``source_ref``: the order evaluations run in, which
     differs between replicas and Redis topologies, must not decide which source is named).
 
     Re-processing a batch, or two replicas evaluating the same response, therefore never
-    duplicates a finding, and a finding never loses evidence it had. Returns the id of each
-    finding created or extended, with its id and whether it was created.
+    duplicates a finding, and a finding never loses evidence it had. Returns its id and whether it
+    was created, or None when the stored one was as strong (nothing changed).
 
-    Each finding created or extended is put into its incident in this same session
-    (``service.incidents.grouping``), so one commit covers the finding and its incident.
+    Grouping into incidents is the caller's (``service.findings.writer``), in the same session,
+    so this module stays free of incidents.
     """
-    ids = []
-    await grouping.lock_groups(session, drafts)
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    for draft in drafts:
-        now = utcnow()
-        values = asdict(draft) | {"detected_at": now, "updated_at": now}
-        stmt = insert(Finding).values(**values)
-        changes = {
-            k: stmt.excluded[k] for k in values if k not in ("detected_at", "recipient_tenant", "recipient_request_id")
-        }
-        upsert_stmt = stmt.on_conflict_do_update(
-            index_elements=["recipient_tenant", "recipient_request_id"],
-            set_=changes,
-            where=(stmt.excluded.matched_fingerprints > Finding.matched_fingerprints)
-            | (stmt.excluded.longest_run_words > Finding.longest_run_words)
-            | (
-                (stmt.excluded.matched_fingerprints == Finding.matched_fingerprints)
-                & (stmt.excluded.longest_run_words == Finding.longest_run_words)
-                & (stmt.excluded.source_ref < func.coalesce(Finding.source_ref, NO_REF))
-            ),
-        ).returning(Finding.id, Finding.detected_at, Finding.updated_at)
-        row = (await session.execute(upsert_stmt)).one_or_none()
-        if row is not None:
-            ids.append((draft, row.id, row.detected_at == row.updated_at))
-            await grouping.attach(session, row.id, draft)
-    return ids
+    now = utcnow()
+    values = asdict(draft) | {"detected_at": now, "updated_at": now}
+    stmt = insert(Finding).values(**values)
+    changes = {
+        k: stmt.excluded[k] for k in values if k not in ("detected_at", "recipient_tenant", "recipient_request_id")
+    }
+    upsert_stmt = stmt.on_conflict_do_update(
+        index_elements=["recipient_tenant", "recipient_request_id"],
+        set_=changes,
+        where=(stmt.excluded.matched_fingerprints > Finding.matched_fingerprints)
+        | (stmt.excluded.longest_run_words > Finding.longest_run_words)
+        | (
+            (stmt.excluded.matched_fingerprints == Finding.matched_fingerprints)
+            & (stmt.excluded.longest_run_words == Finding.longest_run_words)
+            & (stmt.excluded.source_ref < func.coalesce(Finding.source_ref, NO_REF))
+        ),
+    ).returning(Finding.id, Finding.detected_at, Finding.updated_at)
+    row = (await session.execute(upsert_stmt)).one_or_none()
+    if row is None:
+        return None
+    return row.id, row.detected_at == row.updated_at
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Findings into incidents, in the transaction that stores the finding (``findings.store.upsert``).
+"""Findings into incidents, in the transaction that stores the finding (``service.findings.writer``).
 
 A finding joins the open (or acknowledged) incident of its model and deployment whose span of
 leaked responses, widened by the quiet gap on both sides, holds the finding's response time;
@@ -22,17 +22,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service.db import utcnow
+from service.findings.severity import SEVERITY_RANK
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
 from service.logging import current_request_id
 from service.webhooks import outbox
 from service.webhooks.targets import Route
 
 if TYPE_CHECKING:
-    from service.matching.matcher import FindingDraft
+    from service.findings.draft import FindingDraft
 
 POLICY_KEY = "bleedwatch.incidents"
 SYSTEM_ACTOR = "bleedwatch"
-SEVERITY_RANK = {"low": 1, "high": 2, "critical": 3}
 ACTIVE = ("open", "acknowledged")
 _LOCK_NAMESPACE = b"bleedwatch.incident-group"
 

@@ -13,7 +13,7 @@ from service.auth.keys import Caller, Role
 from service.db import session_scope
 from service.deps import AppDeps, Deps
 from service.errors import Conflict, Invalid, NotFound, common_responses, responses
-from service.findings.schemas import Severity
+from service.findings.severity import SeverityField
 from service.incidents import impact, store
 from service.incidents.models import Incident
 from service.incidents.schemas import (
@@ -60,7 +60,7 @@ async def list_incidents(
     deps: Deps,
     caller: Reader,
     status: Status | None = None,
-    severity: Severity | None = None,
+    severity: SeverityField | None = None,
     model: Annotated[str | None, Query(max_length=256)] = None,
     deployment: Annotated[str | None, Query(max_length=256)] = None,
     tenant: Annotated[str | None, Query(max_length=128, description="On either side (source or recipient).")] = None,

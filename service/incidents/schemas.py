@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from bleedwatch.names import NAME_PATTERN
-from service.findings.schemas import Severity
+from service.findings.severity import SeverityField
 from service.signals.schemas import SignalOut
 
 Assignee = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
@@ -34,7 +34,7 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
 class IncidentOut(BaseModel):
     id: int
     status: Status
-    severity: Severity
+    severity: SeverityField
     model: str
     deployment: str | None
     assignee: str | None
@@ -65,7 +65,7 @@ class FindingSummary(BaseModel):
     detected_at: datetime
     node: str | None
     prompt_tokens: int | None
-    severity: Severity
+    severity: SeverityField
     matched_fingerprints: int
     longest_run_words: int
     false_positive: bool
@@ -135,7 +135,7 @@ class ResponseRef(BaseModel):
     deployment: str | None
     node: str | None
     prompt_tokens: int | None
-    severity: Severity
+    severity: SeverityField
 
 
 class Pair(BaseModel):

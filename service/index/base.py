@@ -113,7 +113,7 @@ class Outbox(Protocol):
     Durable where the index is (a Redis Stream; in process for the embedded default). An item is
     ``claim``-ed by one replica at a time and ``release``-d once written; an item claimed by a
     replica that died is claimed again by another after ``min_idle_seconds``. Writing an item
-    twice is harmless: findings are upserts. service/ingest/outbox.py drives it.
+    twice is harmless: findings are upserts. service/findings/writer.py drives it.
     """
 
     async def hold(self, items: list[bytes]) -> None: ...
@@ -146,7 +146,7 @@ class Outbox(Protocol):
     async def rewrite(self, keep: Rewrite) -> int:
         """Pass every item, dead letters included, through ``keep``: None deletes it, other bytes
         replace it (a tenant purge); how many items changed. An item being written meanwhile is
-        written as it was, which the writer's tombstone check (service/ingest/outbox.py) makes harmless."""
+        written as it was, which the writer's tombstone check (service/findings/writer.py) makes harmless."""
         ...
 
 

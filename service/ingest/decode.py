@@ -8,13 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from pydantic import TypeAdapter, ValidationError
 
-from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from service.errors import Invalid, PayloadTooLarge
-from service.ingest.schemas import Batch, Exchange, Text
+from service.ingest.schemas import Batch, Exchange
+from service.wire import Decoded, decode_text
 
 _exchange = TypeAdapter(Exchange)
 
@@ -27,41 +25,6 @@ class Limits:
     max_age_seconds: int | None = None  # BLEEDWATCH_MAX_AGE_SECONDS (default: the findings retention)
     accepted_key_ids: frozenset[str] = frozenset()  # BLEEDWATCH_ACCEPTED_KEY_IDS; empty = any
     new_tenants_per_minute: int = 0  # BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE; 0 = no limit
-
-
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    values: npt.NDArray[np.uint64]
-    offsets: npt.NDArray[np.uint32]
-    token_count: int
-
-
-def decode_array(
-    value: str | list[int], dtype: np.dtype[np.unsignedinteger], where: str
-) -> npt.NDArray[np.unsignedinteger]:
-    if isinstance(value, list):
-        return np.array(value, dtype=dtype.newbyteorder("="))
-    try:
-        return decode(value, dtype)
-    except EncodingError as exc:
-        raise Invalid(f"{where} {exc}") from None
-
-
-def decode_text(text: Text, where: str, limits: Limits) -> Decoded:
-    values = decode_array(text.fingerprints, U64_LE, f"{where}.fingerprints").astype(np.uint64)
-    offsets = decode_array(text.offsets, U32_LE, f"{where}.offsets").astype(np.uint32)
-    if len(values) > limits.max_fingerprints:
-        raise PayloadTooLarge(
-            f"{where}.fingerprints: {len(values)} fingerprints, more than the limit of {limits.max_fingerprints} "
-            "(BLEEDWATCH_MAX_FINGERPRINTS_PER_TEXT); enable sampling in the SDK for long texts"
-        )
-    if len(values) != len(offsets):
-        raise Invalid(f"{where}: {len(values)} fingerprints but {len(offsets)} offsets; they must pair up")
-    if len(offsets) and int(offsets[-1]) >= max(text.token_count, 1):
-        raise Invalid(f"{where}.offsets: an offset is not below token_count ({text.token_count})")
-    if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
-        raise Invalid(f"{where}.offsets: offsets must be strictly increasing, as winnowing produces them")
-    return Decoded(values, offsets, text.token_count)
 
 
 def check_batch(batch: Batch, limits: Limits, now: float) -> None:
@@ -126,6 +89,6 @@ def check_exchange(ex: Exchange, i: int, limits: Limits, now: float) -> None:
 
 def decode_exchange(ex: Exchange, i: int, limits: Limits) -> tuple[Decoded, Decoded]:
     return (
-        decode_text(ex.prompt, f"exchanges[{i}].prompt", limits),
-        decode_text(ex.response, f"exchanges[{i}].response", limits),
+        decode_text(ex.prompt, f"exchanges[{i}].prompt", limits.max_fingerprints),
+        decode_text(ex.response, f"exchanges[{i}].response", limits.max_fingerprints),
     )

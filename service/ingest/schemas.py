@@ -6,26 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
-from service.wire import NOT_TEXT, Moment
+from service.wire import NOT_TEXT, KeyId, Label, Moment, Name, RequestId, Text
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]
-RequestId = Annotated[str, StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=NAME_PATTERN)]
-Label = Annotated[str, StringConstraints(max_length=LABEL_MAX_CHARS, pattern=LABEL_PATTERN)]
-KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
-# Integer fields take JSON integers only (service/wire.py), so "12" and true are refused, not coerced.
-U64_MAX = 2**64 - 1
 Scalar = str | int | float | bool | None
-
-
-class Text(BaseModel):
-    """Fingerprints of one text: base64 of little-endian u64/u32 arrays, or JSON integer arrays."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), NOT_TEXT]]
-    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]]
-    token_count: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
 
 
 class Scheme(BaseModel):

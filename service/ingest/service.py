@@ -3,7 +3,7 @@
 ``accept`` answers the gateway as soon as the batch is durably queued (service/index/queue.py);
 a replica's worker (service/ingest/worker.py) then calls ``process``. A batch is processed at
 least once: all of it is indexed and its findings committed (or, with the database unreachable,
-held in the outbox: service/ingest/outbox.py) before the idempotency mark per (tenant, request
+held in the outbox: service/findings/writer.py) before the idempotency mark per (tenant, request
 id) is written, and the queue entry is finished last. A batch processed again after any failure
 is harmless: its documents keep the refs given at acceptance (no second copy of any), the index
 keeps one entry per tenant, findings are upserts, and exchanges already marked are counted as
@@ -27,13 +27,14 @@ from bleedwatch.fingerprint.scheme import Params
 from service import metrics, tracing
 from service.auth.keys import Caller
 from service.errors import ApiError, Forbidden, TooManyNewTenants, Unavailable
+from service.findings.writer import FindingsWriter
 from service.index.base import Doc, DocMeta, Index, Kind, kind_name
 from service.ingest import envelope
-from service.ingest.decode import Decoded, Limits, check_exchange, check_size, decode_exchange, parse_exchange
-from service.ingest.outbox import FindingsWriter
+from service.ingest.decode import Limits, check_exchange, check_size, decode_exchange, parse_exchange
 from service.ingest.schemas import Batch, Exchange, ExchangeResult, IngestResult
 from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
+from service.wire import Decoded
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,7 @@ class Ingestor:
             drafts = await self._matcher.evaluate(ns, docs, metas, hits, now)
         created = 0
         if drafts:
-            # Database down: held in the outbox and written later (service/ingest/outbox.py).
+            # Database down: held in the outbox and written later (service/findings/writer.py).
             changed = await self._writer.write(drafts)
             created = len(drafts) if changed is None else len(changed)
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)

@@ -29,8 +29,8 @@ import uuid
 import redis.exceptions
 
 from service import metrics
+from service.findings.writer import DATABASE_DOWN
 from service.index.base import Queue
-from service.ingest.outbox import DATABASE_DOWN
 from service.ingest.schemas import IngestResult
 from service.ingest.service import Ingestor
 from service.periodic import Periodic
@@ -214,32 +214,3 @@ def _reason(exc: Exception) -> str:
     """What failed, for an operator: the exception's type and its first 200 characters. Messages of
     this service never carry text of an exchange (there is none to carry)."""
     return f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
-async def queue_command(command: str) -> int:
-    """``bleedwatch queue status|requeue-dead``, against BLEEDWATCH_REDIS_URL: the ingest queue's
-    dead letters and the findings outbox's (held findings the database kept refusing) alike."""
-    from service.app import make_index
-    from service.config import Settings
-
-    settings = Settings()
-    if settings.embedded:
-        print("the embedded queue lives in the server's process: nothing to inspect from here")
-        return 1
-    index = make_index(settings)
-    queue, outbox = index.queue(), index.outbox()
-    try:
-        if command == "requeue-dead":
-            moved = 0
-            while batch := await queue.requeue_dead(RECLAIM_COUNT * 10):
-                moved += batch
-            print(f"{moved} dead letters put back in the queue")
-            moved = 0
-            while batch := await outbox.requeue_dead(RECLAIM_COUNT * 10):
-                moved += batch
-            print(f"{moved} held findings put back in the findings outbox")
-        print(f"{await queue.size()} batches queued, {await queue.dead_size()} dead letters")
-        print(f"{await outbox.size()} findings held, {await outbox.dead_size()} dead letters")
-    finally:
-        await index.close()
-    return 0

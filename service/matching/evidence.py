@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bleedwatch.fingerprint.scheme import Params, winnow
+from service.findings.severity import Severity
 
 # A piece ends where the next match of its diagonal is further than this (times ``sample_mod``
 # where the source was sampled) even without a hole: between them the response is all blind.
@@ -392,9 +393,9 @@ def coverage(found: list[Piece], response_tokens: int) -> float:
     return min(1.0, _tokens(found) / response_tokens)
 
 
-def severity(longest_copy: int, t: Thresholds, *, canary: bool = False) -> str:
+def severity(longest_copy: int, t: Thresholds, *, canary: bool = False) -> Severity:
     if canary or longest_copy >= t.critical_run_tokens:
-        return "critical"
+        return Severity.CRITICAL
     if longest_copy >= t.high_run_tokens:
-        return "high"
-    return "low"
+        return Severity.HIGH
+    return Severity.LOW

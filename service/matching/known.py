@@ -21,9 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bleedwatch.fingerprint.encoding import from_signed
 from service.allowlist import store as allowlist
-from service.auth.keys import DB_DOWN
 from service.canaries.models import Canary, CanaryFingerprint
-from service.db import session_scope
+from service.db import DB_DOWN, session_scope
 
 EMPTY = np.empty(0, dtype=np.uint64)
 

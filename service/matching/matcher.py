@@ -16,7 +16,7 @@ another tenant's answer (stock answers), though it still is from another tenant'
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ import numpy.typing as npt
 from bleedwatch.fingerprint.encoding import to_signed
 from bleedwatch.fingerprint.scheme import Params
 from service import metrics, tracing
+from service.findings.draft import FindingDraft
 from service.index.base import PROMPT_BIT, Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
     SHARED_TOKENS,
@@ -49,31 +50,6 @@ from service.matching.evidence import (
 from service.matching.known import Known, KnownFingerprints
 
 CANARY_PARAMS = Params(sample_mod=1)
-
-
-@dataclass(frozen=True, slots=True)
-class FindingDraft:
-    key_id: str
-    recipient_tenant: str
-    recipient_request_id: str
-    source_tenant: str
-    source_request_ids: list[str]
-    response_at: datetime
-    model: str
-    deployment: str | None
-    node: str | None
-    prompt_tokens: int | None
-    response_tokens: int
-    matched_fingerprints: int
-    longest_run_words: int
-    score: float
-    severity: str
-    evidence: dict[str, Any]
-    # The response's fingerprints that matched the top source, signed int64 (what a false positive allowlists).
-    matched_values: list[int] = field(default_factory=list)
-    # The lowest doc ref of the top source's pieces: of two equally strong findings of one response, the
-    # one whose source was accepted first is kept (service/findings/store.py), whatever the order of evaluation.
-    source_ref: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

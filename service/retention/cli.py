@@ -38,7 +38,7 @@ async def run_prune(_: argparse.Namespace) -> int:
 async def run_purge(args: argparse.Namespace) -> int:
     """The index first (Redis: tombstone, documents, queued batches, held findings), then the database.
     The embedded index lives in the server's process: there, ``POST /v1/tenants/purge`` does both."""
-    from service.app import make_index
+    from service.index.factory import make_index
 
     settings = Settings()
     if settings.redis_url is not None:

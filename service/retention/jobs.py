@@ -32,6 +32,7 @@ from service.audit.log import SYSTEM
 from service.audit.models import AuditEntry
 from service.db import session_scope, utcnow
 from service.findings.models import Finding
+from service.findings.severity import SEVERITY_RANK
 from service.incidents import grouping
 from service.incidents.models import Incident, IncidentEvent, IncidentFinding, IncidentTenant
 from service.index.base import Index
@@ -150,8 +151,8 @@ async def _rebuild(session: AsyncSession, incident: Incident) -> bool:
     if not rows:
         await _delete_incidents(session, [incident.id])
         return False
-    top = max(rows, key=lambda f: grouping.SEVERITY_RANK.get(f.severity, 1))
-    incident.severity, incident.severity_rank = top.severity, grouping.SEVERITY_RANK.get(top.severity, 1)
+    top = max(rows, key=lambda f: SEVERITY_RANK.get(f.severity, 1))
+    incident.severity, incident.severity_rank = top.severity, SEVERITY_RANK.get(top.severity, 1)
     incident.first_seen_at = min(f.response_at for f in rows)
     incident.last_seen_at = max(f.response_at for f in rows)
     incident.finding_count = len(rows)
@@ -243,7 +244,7 @@ def without_tenant_exchanges(tenant: str, item: bytes) -> bytes | None:
 
 
 def without_tenant_finding(tenant: str, item: bytes) -> bytes | None:
-    """A held finding (service/ingest/outbox.py) without the tenant: dropped where it is recipient or
+    """A held finding (service/findings/writer.py) without the tenant: dropped where it is recipient or
     top source, its evidence scrubbed where it is one more source (as ``purge_tenant`` does)."""
     try:
         held = orjson.loads(item)

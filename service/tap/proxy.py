@@ -4,8 +4,8 @@ A plain ASGI app (no framework routing, no body parsing on the way through): the
 read whole (bounded), forwarded with its headers, and the answer is relayed chunk by chunk as
 the engine writes it, the same bytes, streamed or not. Only after the last byte has been
 handed to the client does the tap read the texts (``service/tap/apis.py``) and give them to
-the SDK client (``submit_text``: hashing in a worker thread, batching, retries, the spool),
-in a background task: bleedwatch being slow or away never delays an answer or fails it.
+worker processes (or one thread) to fingerprint, then to the SDK client (batching, retries,
+the spool), in a background task: bleedwatch being slow or away never delays an answer or fails it.
 
 What is covered and what is not:
 
@@ -46,6 +46,7 @@ from starlette.types import Message, Receive, Scope, Send
 from bleedwatch.client import BleedwatchClient, Rejected, Undelivered
 from bleedwatch.exchange import Scalar, fingerprint_exchange, name_problem
 from service.tap.apis import PATHS, Api, Exchange, read_exchange
+from service.tap.metrics import TapMetrics
 from service.tap.settings import TapSettings
 from service.tap.upstream import Http11Upstream, HttpxUpstream, Upstream, UpstreamError
 
@@ -68,8 +69,6 @@ _HOP = frozenset(
 )
 _NOT_FORWARDED = _HOP | {b"host", b"content-length"}
 _PASSED_METHODS = frozenset({"GET", "HEAD"})
-# Answers up to this size are read on the event loop after they are relayed; larger ones in a thread.
-_INLINE_READ_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -151,7 +150,9 @@ class Tap:
         self._upstream: Upstream | None = None
         self._bleedwatch: BleedwatchClient | None = None
         self._pending: set[asyncio.Task[None]] = set()
-        self._processes: concurrent.futures.ProcessPoolExecutor | None = None
+        self._fingerprinters: concurrent.futures.Executor | None = None
+        self.metrics = TapMetrics(lambda: self._bleedwatch, lambda: len(self._pending))
+        self.metrics_port: int | None = None  # the port bound, once started with BLEEDWATCH_TAP_METRICS_PORT
 
     @property
     def bleedwatch(self) -> BleedwatchClient:
@@ -180,9 +181,13 @@ class Tap:
         )
         await self._bleedwatch.__aenter__()
         if s.fingerprint_workers:  # spawned, not forked: the server's threads and sockets must not be copied
-            self._processes = concurrent.futures.ProcessPoolExecutor(
+            self._fingerprinters = concurrent.futures.ProcessPoolExecutor(
                 s.fingerprint_workers, mp_context=multiprocessing.get_context("spawn")
             )
+        else:  # one thread: hashing shares the relaying's GIL, so no more than one at a time
+            self._fingerprinters = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bleedwatch-tap-fp")
+        if s.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(s.host, s.metrics_port)
 
     async def settle(self) -> None:
         """Until every relayed exchange has been read and handed to the SDK client."""
@@ -205,8 +210,9 @@ class Tap:
                 except (Rejected, Undelivered) as exc:
                     log.error("exchanges not delivered to bleedwatch at shutdown: %s", exc)
         finally:
-            if self._processes is not None:  # waited for: a worker left behind would outlive the tap
-                await asyncio.to_thread(self._processes.shutdown, wait=True, cancel_futures=True)
+            self.metrics.close()
+            if self._fingerprinters is not None:  # waited for: a worker left behind would outlive the tap
+                await asyncio.to_thread(self._fingerprinters.shutdown, wait=True, cancel_futures=True)
             if self._upstream is not None:
                 await self._upstream.aclose()
 
@@ -240,15 +246,25 @@ class Tap:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _refuse(self, send: Send, route: str, status: int, code: str, message: str) -> None:
+        self.stats.refused += 1
+        self.metrics.refused.labels(code).inc()
+        self.metrics.requests.labels(route, "refused").inc()
+        await _answer(send, status, code, message)
+
+    def _skip(self, reason: str) -> None:
+        self.stats.skipped[reason] += 1
+        self.metrics.skipped.labels(reason).inc()
+
     async def _http_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
         path: str = scope["path"]
         api = PATHS.get(path) if method == "POST" else None
         if api is None and method not in _PASSED_METHODS and path not in self.settings.pass_paths:
-            self.stats.refused += 1
             covered = ", ".join(f"POST {p}" for p in PATHS)
-            await _answer(
+            await self._refuse(
                 send,
+                "other",
                 404,
                 "not_covered",
                 f"{method} {path[:200]} is not forwarded by the bleedwatch tap: it covers {covered}, GET and HEAD, "
@@ -265,11 +281,12 @@ class Tap:
                 length = int(value)
             if name not in _NOT_FORWARDED:
                 headers.append((name, value))
+        route = api.value if api is not None else "passed"
         if api is not None:
             if not tenant:
-                self.stats.refused += 1
-                await _answer(
+                await self._refuse(
                     send,
+                    route,
                     400,
                     "missing_tenant",
                     f"the {self.settings.tenant_header} header is missing: the gateway sets it to the caller's tenant "
@@ -277,9 +294,9 @@ class Tap:
                 )
                 return
             if name_problem({"tenant": tenant, "request_id": "-", "model": "-"}) is not None:
-                self.stats.refused += 1
-                await _answer(
+                await self._refuse(
                     send,
+                    route,
                     400,
                     "invalid_tenant",
                     f"the {self.settings.tenant_header} header is not a tenant name: 1 to 128 characters, "
@@ -292,14 +309,19 @@ class Tap:
                 raise _TooLarge
             body = await _read_body(receive, limit)
         except _TooLarge:
-            self.stats.refused += 1
-            await _answer(
-                send, 413, "body_too_large", f"the request body is over {limit} bytes (BLEEDWATCH_TAP_MAX_BODY_BYTES)"
+            await self._refuse(
+                send,
+                route,
+                413,
+                "body_too_large",
+                f"the request body is over {limit} bytes (BLEEDWATCH_TAP_MAX_BODY_BYTES)",
             )
             return
         except ConnectionResetError:
+            self.metrics.requests.labels(route, "client_gone").inc()
             return
-        await self._forward(scope, receive, send, api, tenant, headers, body)
+        outcome = await self._forward(scope, receive, send, api, tenant, headers, body)
+        self.metrics.requests.labels(route, outcome).inc()
 
     async def _forward(
         self,
@@ -310,7 +332,8 @@ class Tap:
         tenant: str | None,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
-    ) -> None:
+    ) -> str:
+        """Relay one request and its answer; the outcome, for the metrics."""
         upstream = self._upstream
         assert upstream is not None, "the tap is not started"
         self.stats.forwarded += 1
@@ -321,15 +344,30 @@ class Tap:
             resp = await upstream.request(scope["method"], target, headers, body)
         except UpstreamError as exc:
             self.stats.upstream_errors += 1
+            self.metrics.upstream_errors.labels("connect").inc()
             log.warning("upstream request failed: %s", exc)
             await _answer(send, 502, "upstream_unreachable", "the inference engine behind the tap did not answer")
-            return
+            return "upstream_error"
         keep = api is not None and 200 <= resp.status < 300
         kept: list[bytes] = []
         kept_bytes = 0
         max_kept = self.settings.max_response_bytes
-        # The client leaving shows only in receive(): watch it, so an abandoned stream stops the upstream too.
+        outcome = "relayed"
+        # The client leaving shows only in receive(): watch it, and cancel the relaying the moment it does, as it
+        # may be waiting on a slow engine; closing the upstream connection unread is what aborts the engine's work.
+        relaying = asyncio.current_task()
+        assert relaying is not None
         gone = asyncio.ensure_future(_disconnected(receive))
+        left = False
+
+        def client_left(future: asyncio.Future[None]) -> None:
+            nonlocal left
+            if not left and relaying_now and not future.cancelled() and future.exception() is None:
+                left = True
+                relaying.cancel()
+
+        relaying_now, all_relayed = True, False
+        gone.add_done_callback(client_left)
         try:
             await send(
                 {
@@ -344,32 +382,39 @@ class Tap:
                     kept_bytes += len(chunk)
                     if kept_bytes <= max_kept:
                         kept.append(chunk)
-                if gone.done():
-                    break
+            all_relayed = True  # the server reports the end of a response as a disconnect too
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not left:  # the server shutting down, not the client leaving
+                raise
+            relaying.uncancel()
+            outcome = "relayed" if all_relayed else "client_gone"
         except UpstreamError as exc:  # the upstream broke off mid-answer: what was relayed is still read
             self.stats.upstream_errors += 1
+            self.metrics.upstream_errors.labels("stream").inc()
             log.warning("upstream answer broke off: %s", exc)
+            outcome = "upstream_error"
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            relaying_now = False  # set before the first await here: a late disconnect must not cancel the closing
             gone.cancel()
             await resp.body.aclose()
             await resp.close()
         if not keep or api is None or tenant is None:
-            return
+            return outcome
         if kept_bytes > max_kept:
-            self.stats.skipped["too_large"] += 1
-            return
+            self._skip("too_large")
+            return outcome
         served: dict[str, Scalar] = {"deployment": self.settings.deployment}
         if self.settings.deployment_header:
             served["deployment"] = resp.header(self.settings.deployment_header.encode()) or served["deployment"]
         if self.settings.node_header:
             served["node"] = resp.header(self.settings.node_header.encode())
         if len(self._pending) >= self.settings.max_backlog:  # fingerprinting is behind: bounded, and counted
-            self.stats.skipped["backlog_full"] += 1
+            self._skip("backlog_full")
             log.error("tap: an exchange not fingerprinted (backlog_full: see BLEEDWATCH_TAP_FINGERPRINT_WORKERS)")
-            return
+            return outcome
         relayed = _Relayed(
             api,
             tenant,
@@ -379,33 +424,31 @@ class Tap:
             (resp.header(b"content-encoding") or "").strip().lower(),
             resp.header(b"x-request-id"),
             {k: v for k, v in served.items() if v is not None},
+            # The answer as far as it went: its complete events are read and shipped, marked partial.
+            outcome != "relayed",
         )
         task = asyncio.get_running_loop().create_task(self._record(relayed))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        return outcome
 
     async def _record(self, relayed: _Relayed) -> None:
         """Off the request path: fingerprint one relayed exchange and queue it in the SDK client."""
         try:
-            if self._processes is not None:  # reading and hashing in another process: no GIL shared with relaying
-                loop = asyncio.get_running_loop()
-                exchange = await loop.run_in_executor(self._processes, _fingerprint, relayed, self._key)
-                if exchange is None:
-                    self.stats.skipped["nothing_to_read"] += 1
-                    return
-                await self.bleedwatch.submit(exchange)
-            else:  # in this process: the SDK hashes in its worker thread
-                small = len(relayed.request) + len(relayed.response) <= _INLINE_READ_BYTES
-                read = _read(relayed) if small else await asyncio.to_thread(_read, relayed)
-                if read is None:
-                    self.stats.skipped["nothing_to_read"] += 1
-                    return
-                await self.bleedwatch.submit_text(
-                    read.prompt, read.response, key=self._key, ts=time.time(), **_names(relayed, read)
-                )
+            # Reading and hashing off the event loop: in worker processes (no GIL shared with the relaying)
+            # or, with BLEEDWATCH_TAP_FINGERPRINT_WORKERS=0, in one thread of this process.
+            assert self._fingerprinters is not None, "the tap is not started"
+            loop = asyncio.get_running_loop()
+            exchange, seconds = await loop.run_in_executor(self._fingerprinters, _fingerprint, relayed, self._key)
+            self.metrics.fingerprint_seconds.observe(seconds)
+            if exchange is None:
+                self._skip("nothing_to_read")
+                return
+            await self.bleedwatch.submit(exchange)
             self.stats.submitted += 1
+            self.metrics.fingerprinted.labels("partial" if relayed.partial else "complete").inc()
         except Exception as exc:  # the answer is delivered; a failure here must not reach anyone but the log
-            self.stats.skipped["error"] += 1
+            self._skip("error")
             log.error("could not fingerprint a relayed exchange: %s", type(exc).__name__)
 
 
@@ -421,6 +464,7 @@ class _Relayed:
     encoding: str
     header_id: str | None
     served: dict[str, Scalar]
+    partial: bool = False
 
 
 def _read(relayed: _Relayed) -> Exchange | None:
@@ -441,12 +485,15 @@ def _names(relayed: _Relayed, read: Exchange) -> dict[str, Any]:
     }
 
 
-def _fingerprint(relayed: _Relayed, key: bytes) -> dict[str, Any] | None:
-    """In a worker process: the exchange's wire form (fingerprints only), or None when there is no text."""
+def _fingerprint(relayed: _Relayed, key: bytes) -> tuple[dict[str, Any] | None, float]:
+    """In a worker: the exchange's wire form (fingerprints only), or None when there is no text; and the
+    seconds it took, timed here so that waiting for a free worker is not counted as fingerprinting."""
+    started = time.perf_counter()
     read = _read(relayed)
     if read is None:
-        return None
-    return fingerprint_exchange(read.prompt, read.response, key=key, ts=time.time(), **_names(relayed, read))
+        return None, time.perf_counter() - started
+    exchange = fingerprint_exchange(read.prompt, read.response, key=key, ts=time.time(), **_names(relayed, read))
+    return exchange, time.perf_counter() - started
 
 
 async def _disconnected(receive: Receive) -> None:

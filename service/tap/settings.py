@@ -26,6 +26,8 @@ class TapSettings(BaseSettings):
     upstream_url: str = Field(min_length=1)
     host: str = "127.0.0.1"
     port: int = Field(8410, ge=0, le=65535)
+    # Prometheus /metrics on a port of its own (same host), so the proxied API never serves it; "off" disables.
+    metrics_port: int | None = Field(8411, ge=0, le=65535)
     # Set by the gateway after authentication; a covered request without it is refused (400).
     tenant_header: str = "x-tenant-id"
     # Request bodies: a 1M-token prompt is about 4-6 MB of JSON; bigger is refused (413) before forwarding.
@@ -68,6 +70,13 @@ class TapSettings(BaseSettings):
         value = value.strip().lower()
         if not _HEADER.fullmatch(value):
             raise ValueError("not an HTTP header name")
+        return value
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _off(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("off", "none", ""):
+            return None
         return value
 
     @field_validator("pass_paths", mode="before")

@@ -32,10 +32,11 @@ from service import audit, cursors, metrics
 from service.audit.log import filters
 from service.auth.deps import READERS
 from service.auth.gate import client_address
-from service.auth.keys import DB_DOWN, Caller, Role
-from service.db import session_scope
+from service.auth.keys import Caller, Role
+from service.db import DB_DOWN, session_scope
 from service.deps import AppDeps, Deps
 from service.errors import ApiError, NotFound
+from service.findings.severity import Severity
 from service.incidents import impact, store
 from service.incidents.routes import change
 from service.incidents.schemas import TRANSITIONS, IncidentPatch, Status
@@ -47,7 +48,7 @@ IncidentId = Annotated[int, Path(ge=1, lt=2**63)]
 PAGE_SIZE = 50
 MAX_DRAWN = 200  # findings whose evidence an incident page draws (and audits as read); the rest are listed
 MAX_FORM_BYTES = 16 * 1024  # the largest form is the notes one (10,000 characters, percent-encoded)
-SEVERITIES = ("low", "high", "critical")
+SEVERITIES = tuple(Severity)
 CURSOR = re.compile(cursors.KEY_ID_PATTERN)
 TRIAGE = frozenset({Role.TRIAGE, Role.ADMIN})
 CSP = (

@@ -22,10 +22,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from service.findings.severity import SEVERITY_RANK, SeverityField
+
 Event = Literal["opened", "escalated", "acknowledged", "resolved", "false_positive", "reopened"]
 EVENTS: tuple[Event, ...] = ("opened", "escalated", "acknowledged", "resolved", "false_positive", "reopened")
-SeverityName = Literal["low", "high", "critical"]
-SEVERITY_RANK = {"low": 1, "high": 2, "critical": 3}
 LEGACY_TARGET = "webhook"  # BLEEDWATCH_WEBHOOK_URL's target: the outbox rows written before targets existed
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -36,7 +36,7 @@ class _Target(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=NAME_PATTERN)
-    min_severity: SeverityName = "low"
+    min_severity: SeverityField = "low"
     events: tuple[Event, ...] = EVENTS
     # Tenant names in the notification (never any other tenant data); off where the channel is wide.
     include_tenants: bool = True
@@ -48,7 +48,7 @@ class PagerDutyTarget(_Target):
     url: str = Field(PAGERDUTY_EVENTS_URL, pattern=r"^https?://")
     # Incidents of several bleedwatch installations on one PagerDuty service stay apart.
     dedup_key_prefix: str = Field("", max_length=64)
-    min_severity: SeverityName = "high"
+    min_severity: SeverityField = "high"
 
 
 class SlackTarget(_Target):

@@ -94,6 +94,7 @@ def create_gateway(
         fingerprint_key=SecretStr(fingerprint_key.hex()),
         flush_seconds=flush_seconds,
         fingerprint_workers=fingerprint_workers,
+        metrics_port=None,  # no metrics port: several run side by side
     )
     tap = Tap(
         settings,

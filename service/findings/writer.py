@@ -1,4 +1,9 @@
-"""Findings survive a database outage: held in the index's outbox, written when it is back.
+"""Findings written to the database with their incident, and held through a database outage.
+
+Each finding created or extended is put into its incident in the same session
+(``service.incidents.grouping``), so one commit covers both; the store itself knows nothing of
+incidents. The rest of this module is how findings survive a database outage: held in the
+index's outbox, written when it is back.
 
 Ingest and matching need only the index (Redis); the database stores what they conclude. When
 the findings of a batch cannot be written because the database is unreachable, they are
@@ -45,11 +50,11 @@ import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics
-from service.auth.keys import DB_DOWN
-from service.db import session_scope
+from service.db import DB_DOWN, session_scope
 from service.findings import store
+from service.findings.draft import FindingDraft
+from service.incidents import grouping
 from service.index.base import Outbox
-from service.matching.matcher import FindingDraft
 from service.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -142,8 +147,15 @@ class FindingsWriter:
         return without_purged(drafts, tombstones) if tombstones else drafts
 
     async def _upsert(self, drafts: list[FindingDraft]) -> Written:
+        written: Written = []
         async with session_scope(self._sessions) as session:
-            written = await store.upsert(session, drafts)
+            await grouping.lock_groups(session, drafts)
+            for draft in drafts:
+                stored = await store.upsert(session, draft)
+                if stored is not None:
+                    finding_id, created = stored
+                    written.append((draft, finding_id, created))
+                    await grouping.attach(session, finding_id, draft)
         for draft, finding_id, new in written:
             if new:
                 metrics.record_finding(draft)

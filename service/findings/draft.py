@@ -1,0 +1,36 @@
+"""A finding as matching concludes it, before the database gives it an id.
+
+It is findings' own type, not matching's: the writer, the outbox, metrics and incident grouping
+all read it, and none of them should need the matcher to do so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class FindingDraft:
+    key_id: str
+    recipient_tenant: str
+    recipient_request_id: str
+    source_tenant: str
+    source_request_ids: list[str]
+    response_at: datetime
+    model: str
+    deployment: str | None
+    node: str | None
+    prompt_tokens: int | None
+    response_tokens: int
+    matched_fingerprints: int
+    longest_run_words: int
+    score: float
+    severity: str
+    evidence: dict[str, Any]
+    # The response's fingerprints that matched the top source, signed int64 (what a false positive allowlists).
+    matched_values: list[int] = field(default_factory=list)
+    # The lowest doc ref of the top source's pieces: of two equally strong findings of one response, the
+    # one whose source was accepted first is kept (service/findings/store.py), whatever the order of evaluation.
+    source_ref: int | None = None
