@@ -66,6 +66,30 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSource:
+    """Matches from a tenant's documents (its ref): evidence that may be shared with other tenants."""
+
+    ref: int
+
+    def __str__(self) -> str:
+        return f"tenant:{self.ref}"
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySource:
+    """Matches from a registered canary (its id): a finding whatever else holds the text."""
+
+    id: int
+
+    def __str__(self) -> str:
+        return f"canary:{self.id}"
+
+
+# Whose text a response's matches are: the key evidence is gathered and judged by.
+MatchSource = TenantSource | CanarySource
+
+
+@dataclass(frozen=True, slots=True)
 class Wanted:
     """A response worth evaluating: its recipient tenant, and when only as a later answer than another.
 
@@ -110,7 +134,7 @@ def candidates(docs: list[Doc], hits: list[Hit], needed: dict[bool, int], times:
 class Candidate:
     """One response to judge: its evidence view and what each tenant (or canary) had of it.
 
-    Matches by ("tenant", ref) or ("canary", id): ``sent`` in prompts (canaries included),
+    Matches by ``MatchSource``: ``sent`` in prompts (canaries included),
     ``served`` in answers; ``own``: the recipient's own prompts.
     """
 
@@ -118,8 +142,8 @@ class Candidate:
     meta: DocMeta
     response: Response
     own: list[Match]
-    sent: dict[tuple[str, int], list[Match]]
-    served: dict[tuple[str, int], list[Match]]
+    sent: dict[MatchSource, list[Match]]
+    served: dict[MatchSource, list[Match]]
 
     def refs(self) -> set[int]:
         every = [self.own, *self.sent.values(), *self.served.values()]
@@ -236,7 +260,7 @@ class Matcher:
         for key, (kept, copied) in _evidence(c, sources, {r: s.params for r, s in sources.items()}, Budget()).items():
             best = max(copied, key=lambda x: x.score, default=None)
             pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
-            tenant = next((sources[m.source_doc].tenant for m in kept), f"{key[0]}:{key[1]}")
+            tenant = next((sources[m.source_doc].tenant for m in kept), str(key))
             score = "-" if best is None else best.score
             around = "" if best is None else _around(c, lookups, kept, best.pieces[0].start, best.pieces[-1].end)
             out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}{around}"
@@ -264,7 +288,7 @@ def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int)
 
 def _evidence(
     c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
-) -> dict[tuple[str, int], tuple[list[Match], list[Copy]]]:
+) -> dict[MatchSource, tuple[list[Match], list[Copy]]]:
     """Each source's matches that count, and its copies."""
     n = c.meta.params.n
     # Prompts are winnowed: who sent a stretch of the response is known at a few of its
@@ -283,7 +307,9 @@ def _evidence(
     shared = Shared.of(found, c.response.offsets)
     out = {}
     for key, ms in matches.items():
-        response = c.response if shared is None or key[0] != "tenant" else c.response.explained(shared.others(key))
+        response = c.response
+        if shared is not None and isinstance(key, TenantSource):
+            response = c.response.explained(shared.others(key))
         out[key] = (ms, evaluate(response, ms, params, budget))
     return out
 
@@ -299,14 +325,16 @@ class Shared:
     is one sort and one pass, whatever the number of tenants.
     """
 
-    ids: dict[tuple[str, int], int]
+    ids: dict[TenantSource, int]
     count: npt.NDArray[np.int64]
     owner: npt.NDArray[np.int64]
 
     @classmethod
-    def of(cls, found: dict[tuple[str, int], list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
+    def of(cls, found: dict[MatchSource, list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
         stretches = {
-            key: spans([p for p in ps if p.copied >= SHARED_TOKENS]) for key, ps in found.items() if key[0] == "tenant"
+            key: spans([p for p in ps if p.copied >= SHARED_TOKENS])
+            for key, ps in found.items()
+            if isinstance(key, TenantSource)
         }
         stretches = {key: s for key, s in stretches.items() if len(s[0])}
         if len(stretches) < 2:
@@ -322,7 +350,7 @@ class Shared:
             owner += inside * ids[key]
         return cls(ids, count, owner)
 
-    def others(self, key: tuple[str, int]) -> npt.NDArray[np.bool_]:
+    def others(self, key: TenantSource) -> npt.NDArray[np.bool_]:
         """The fingerprints in a stretch another tenant sent."""
         mine = self.ids.get(key, 0)
         out: npt.NDArray[np.bool_] = (self.count >= 2) | ((self.count == 1) & (self.owner != mine))
@@ -345,8 +373,8 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
     assert meta.values is not None
     assert meta.offsets is not None
     own: list[Match] = []
-    sent: dict[tuple[str, int], list[Match]] = {}
-    served: dict[tuple[str, int], list[Match]] = {}
+    sent: dict[MatchSource, list[Match]] = {}
+    served: dict[MatchSource, list[Match]] = {}
     blind = known.allowed(meta.values)
     canary_pos = known.canaries.find(meta.values)
     for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
@@ -356,7 +384,7 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             cid = int(known.canaries.canary_ids[canary_pos[i]])
             if known.canaries.tenants[cid] != meta.tenant:
                 source_offset = int(known.canaries.offsets[canary_pos[i]])
-                sent.setdefault(("canary", cid), []).append(Match(offset, -cid, source_offset))
+                sent.setdefault(CanarySource(cid), []).append(Match(offset, -cid, source_offset))
             continue
         if found.entries is None:
             blind[i] = True
@@ -368,14 +396,14 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
         others = [e for e in found.entries if e.tenant != recipient]
         senders = [e for e in others if e.kinds & PROMPT_BIT]
         for e in senders:
-            sent.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
+            sent.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
         if senders:
             continue
         # Text only ever served is another tenant's answer only if one other tenant had it, and
         # the recipient had not: what the model says to several tenants, or again, is its own.
         # It is not blind for that: what a prompt of the same stretch shows still counts.
         if len(others) == 1 and (mine is None or mine.doc == ref):
-            served.setdefault(("tenant", others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
+            served.setdefault(TenantSource(others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
     return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served)
 
 
@@ -405,12 +433,12 @@ class Summary:
         }
 
 
-def _summarise(key: tuple[str, int], copied: list[Copy], sources: dict[int, Source], tokens: int, n: int) -> Summary:
+def _summarise(key: MatchSource, copied: list[Copy], sources: dict[int, Source], tokens: int, n: int) -> Summary:
     found = sorted({p for c in copied for p in c.pieces}, key=lambda p: (p.start, p.source_doc))
     first = sources[found[0].source_doc]
     return Summary(
         tenant=first.tenant,
-        canary=key[0] == "canary",
+        canary=isinstance(key, CanarySource),
         best=max(c.score for c in copied),
         matched=sum(p.fingerprints for p in found),
         longest=longest(copied),
