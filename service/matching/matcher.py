@@ -158,9 +158,9 @@ class Matcher:
 
     @tracing.traced("match")
     async def evaluate(
-        self, ns: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
+        self, key_id: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
     ) -> list[FindingDraft]:
-        known = await self._known.get(ns)
+        known = await self._known.get(key_id)
         canary_tenants = set(known.canaries.tenants.values())
         if canary_tenants and any(m.tenant in canary_tenants for m in metas.values()):
             metrics.CANARY_LAST_SEEN.set(now)  # the prober's own traffic got through the gateway
@@ -171,7 +171,7 @@ class Matcher:
             if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:
                 wanted[doc.ref] = Wanted(doc.tenant)
         found = {ref: metas[ref] for ref in wanted if ref in metas}
-        found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
+        found.update(await self._index.get_docs(key_id, [ref for ref in wanted if ref not in metas], now))
         todo = [
             (ref, w.recipient, meta)
             for ref, w in sorted(wanted.items())
@@ -185,20 +185,20 @@ class Matcher:
         # One lookup for all of them: a response's fingerprints spread over most shards, so
         # looking them up together reads each shard's filters once, not once per response.
         values = [meta.values for _, _, meta in todo if meta.values is not None]
-        everything = await self._index.lookup(ns, np.concatenate(values), now)
+        everything = await self._index.lookup(key_id, np.concatenate(values), now)
         # Classifying and judging are CPU work: in a thread, so the event loop keeps answering.
         judged = await asyncio.to_thread(_classify_all, todo, everything, known)
         refs = sorted(set().union(*(c.refs() for c in judged)))
-        sources = await self._sources(ns, refs, known, now)
-        drafts = await asyncio.to_thread(self._judge_all, ns, judged, sources)
+        sources = await self._sources(key_id, refs, known, now)
+        drafts = await asyncio.to_thread(self._judge_all, key_id, judged, sources)
         return drafts
 
-    def _judge_all(self, ns: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
+    def _judge_all(self, key_id: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
         drafts = []
         params = {ref: s.params for ref, s in sources.items()}
         for candidate in judged:
             budget = Budget()
-            draft = self._judge(ns, candidate, sources, params, budget)
+            draft = self._judge(key_id, candidate, sources, params, budget)
             if budget.cut:
                 metrics.MATCH_BUDGET_CUT.inc(budget.cut)
             if draft is not None:
@@ -206,7 +206,7 @@ class Matcher:
         return drafts
 
     def _judge(
-        self, ns: str, c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
+        self, key_id: str, c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
     ) -> FindingDraft | None:
         meta = c.meta
         summaries = []
@@ -222,7 +222,7 @@ class Matcher:
         top = summaries[0]
         ctx = meta.context
         return FindingDraft(
-            key_id=ns,
+            key_id=key_id,
             recipient_tenant=meta.tenant,
             recipient_request_id=meta.request_id,
             source_tenant=top.tenant,
@@ -245,16 +245,16 @@ class Matcher:
             source_ref=top.first_ref,
         )
 
-    async def why(self, ns: str, ref: int, recipient: int, now: float) -> dict[str, str]:
+    async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
         """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
         steps, for the evaluation's diagnosis of a missed leak (bench/eval/run.py --why-missed)."""
-        meta = (await self._index.get_docs(ns, [ref], now)).get(ref)
+        meta = (await self._index.get_docs(key_id, [ref], now)).get(ref)
         if meta is None or meta.values is None:
             return {}
-        known = await self._known.get(ns)
-        lookups = await self._index.lookup(ns, meta.values, now)
+        known = await self._known.get(key_id)
+        lookups = await self._index.lookup(key_id, meta.values, now)
         (c,) = _classify_all([(ref, recipient, meta)], lookups, known)
-        sources = await self._sources(ns, sorted(c.refs()), known, now)
+        sources = await self._sources(key_id, sorted(c.refs()), known, now)
         raw = {k: len(v) for k, v in c.sent.items()} | {k: len(v) for k, v in c.served.items()}
         out = {}
         for key, (kept, copied) in _evidence(c, sources, {r: s.params for r, s in sources.items()}, Budget()).items():
@@ -266,8 +266,8 @@ class Matcher:
             out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}{around}"
         return out
 
-    async def _sources(self, ns: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
-        docs = await self._index.get_docs(ns, [r for r in refs if r > 0], now)
+    async def _sources(self, key_id: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
+        docs = await self._index.get_docs(key_id, [r for r in refs if r > 0], now)
         out = {
             ref: Source(d.tenant, d.request_id, kind_name(d.kind), d.params, d.ts, bool(d.kind & Kind.RESPONSE))
             for ref, d in docs.items()
