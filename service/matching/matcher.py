@@ -234,7 +234,7 @@ class Matcher:
             prompt_tokens=_int(ctx.get("prompt_tokens")),
             response_tokens=meta.token_count,
             matched_fingerprints=top.matched,
-            longest_run_words=top.longest,
+            longest_run_tokens=top.longest,
             score=top.coverage,
             severity=severity(top.longest, self._t, canary=top.canary),
             evidence={
@@ -427,7 +427,7 @@ class Summary:
             "canary": self.canary,
             "request_ids": self.request_ids,
             "matched_fingerprints": self.matched,
-            "longest_run_words": self.longest,
+            "longest_run_tokens": self.longest,
             "coverage": self.coverage,
             "ranges": self.ranges,
         }
