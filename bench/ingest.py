@@ -379,7 +379,7 @@ def main() -> None:
     for f in others[:5]:
         print(
             f"    other: {f['recipient_request_id']} <- {f['source_request_ids']}, {f['matched_fingerprints']} "
-            f"fingerprints, run {f['longest_run_words']} tokens, score {f['score']}"
+            f"fingerprints, run {f['longest_run_tokens']} tokens, score {f['score']}"
         )
     per_master = " + ".join(f"{c / elapsed:.2f}" for c in cpu_per_node)
     print(

@@ -141,7 +141,7 @@ FINDING_COLUMNS = [
     "prompt_tokens",
     "source_tenant",
     "recipient_tenant",
-    "longest_run_words",
+    "longest_run_tokens",
     "response_at",
 ]
 INCIDENT_FINDING_COLUMNS = [
@@ -152,7 +152,7 @@ INCIDENT_FINDING_COLUMNS = [
     "recipient_request_id",
     "node",
     "prompt_tokens",
-    "longest_run_words",
+    "longest_run_tokens",
     "response_at",
     "false_positive",
 ]

@@ -140,10 +140,10 @@ async def test_a_revoke_on_one_replica_is_seen_by_another_after_the_refresh(
     reads = 0
     real = store.active_values
 
-    async def counted(session: AsyncSession, ns: str) -> npt.NDArray[np.uint64]:
+    async def counted(session: AsyncSession, key_id: str) -> npt.NDArray[np.uint64]:
         nonlocal reads
         reads += 1
-        return await real(session, ns)
+        return await real(session, key_id)
 
     monkeypatch.setattr(store, "active_values", counted)
     text = values(words("argparse"))

@@ -139,7 +139,7 @@ async def test_a_million_token_prompt_is_sampled_and_still_leaks(api: Api) -> No
     await post(api, ex("b", "b1", words("heapq"), words("csv", 0, 30) + " " + " ".join(leak.split()[100:250]), now))
     (f,) = await findings(api)
     assert (f["source_tenant"], f["source_request_ids"], f["recipient_tenant"]) == ("a", ["a-long"], "b")
-    assert f["longest_run_words"] >= 64  # 150 words, seen through 1-in-4 sampling at the edges
+    assert f["longest_run_tokens"] >= 64  # 150 words, seen through 1-in-4 sampling at the edges
 
 
 async def test_canary_traffic_marks_the_probe_loop_alive(api: Api) -> None:

@@ -70,14 +70,14 @@ def assert_the_leak(items: list[dict[str, Any]]) -> None:
     assert (f["source_tenant"], f["source_request_ids"]) == ("tenant-a", ["r-a"])
     assert (f["model"], f["deployment"], f["node"], f["prompt_tokens"]) == ("m-1m", "pd-eu-1", "decode-3", 700_001)
     assert f["matched_fingerprints"] >= 5
-    assert 40 <= f["longest_run_words"] <= 70  # 40 words tokenise to a few more tokens
+    assert 40 <= f["longest_run_tokens"] <= 70  # 40 words tokenise to a few more tokens
     assert f["severity"] == "high"
     assert 0 < f["score"] < 1
     (source,) = f["evidence"]["sources"]
     (rng,) = source["ranges"]
     assert rng["source_request_id"] == "r-a"
     assert rng["source_kind"] == "prompt"
-    assert rng["response"][1] - rng["response"][0] == f["longest_run_words"]
+    assert rng["response"][1] - rng["response"][0] == f["longest_run_tokens"]
 
 
 @pytest.mark.parametrize("order", [("source", "leak", "clean"), ("leak", "clean", "source")])

@@ -73,12 +73,19 @@ def test_drafts_round_trip_through_the_outbox_encoding() -> None:
         prompt_tokens=700_001,
         response_tokens=120,
         matched_fingerprints=9,
-        longest_run_words=44,
+        longest_run_tokens=44,
         score=0.31,
         severity="high",
         evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
     )
     assert decode_draft(encode_draft(draft)) == draft
+
+
+def test_a_draft_held_before_longest_run_tokens_was_named_so_still_decodes() -> None:
+    draft = _draft("r-old")
+    held = orjson.loads(encode_draft(draft))
+    held["draft"]["longest_run_words"] = held["draft"].pop("longest_run_tokens")
+    assert decode_draft(orjson.dumps(held)) == draft
 
 
 def _draft(recipient_request_id: str) -> FindingDraft:
@@ -95,7 +102,7 @@ def _draft(recipient_request_id: str) -> FindingDraft:
         prompt_tokens=100,
         response_tokens=120,
         matched_fingerprints=9,
-        longest_run_words=44,
+        longest_run_tokens=44,
         score=0.31,
         severity="high",
         evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},

@@ -123,7 +123,7 @@ def _draft(model: str, severity: str = "high", **kw: Any) -> FindingDraft:
         "prompt_tokens": 700_001,
         "response_tokens": 100,
         "matched_fingerprints": 9,
-        "longest_run_words": 40,
+        "longest_run_tokens": 40,
         "score": 0.2,
         "severity": severity,
         "evidence": {"sources": [{"canary": False}]},

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import orjson
 import psycopg
 import pytest
 from alembic import command
@@ -94,4 +95,37 @@ def test_0005_packs_allowlist_rows_into_chunks_and_back(fresh: Settings) -> None
     with engine.connect() as conn:
         back = conn.execute(text("SELECT entry_id, value FROM allowlist_fingerprints ORDER BY value")).all()
     assert [tuple(r) for r in back] == [(1, v) for v in values]
+    engine.dispose()
+
+
+def test_0009_renames_longest_run_words_in_the_column_and_the_evidence_and_back(fresh: Settings) -> None:
+    cfg = alembic_config(fresh)
+    upgrade(fresh, "0008")
+    engine = create_engine(fresh.sqlalchemy_url(asynchronous=False))
+    at = datetime.now(UTC)
+    evidence = '{"scheme": {"n": 4}, "sources": [{"tenant": "a", "longest_run_words": 44, "coverage": 0.5}]}'
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO findings (id, key_id, recipient_tenant, recipient_request_id, source_tenant,"
+                " source_request_ids, detected_at, updated_at, response_at, model, response_tokens,"
+                " matched_fingerprints, longest_run_words, score, severity, evidence)"
+                " VALUES (1, 'k', 'b', 'r-b', 'a', '[\"r-a\"]', :at, :at, :at, 'm', 120, 9, 44, 0.3, 'high', :ev)"
+            ),
+            {"at": at, "ev": evidence},
+        )
+    upgrade(fresh)
+
+    def read(query: str) -> tuple[int, object]:
+        with engine.connect() as conn:
+            value, raw = conn.execute(text(query)).one()
+        return value, raw if isinstance(raw, dict) else orjson.loads(raw)
+
+    value, ev = read("SELECT longest_run_tokens, evidence FROM findings")
+    assert value == 44
+    assert ev == {"scheme": {"n": 4}, "sources": [{"tenant": "a", "longest_run_tokens": 44, "coverage": 0.5}]}
+    command.downgrade(cfg, "0008")
+    value, ev = read("SELECT longest_run_words, evidence FROM findings")
+    assert value == 44
+    assert ev == orjson.loads(evidence)
     engine.dispose()

@@ -178,7 +178,7 @@ def held_draft(recipient: str, source: str, minor: str | None, response_at: floa
             prompt_tokens=None,
             response_tokens=80,
             matched_fingerprints=40,
-            longest_run_words=40,
+            longest_run_tokens=40,
             score=0.5,
             severity="high",
             evidence={"sources": sources},

@@ -315,7 +315,7 @@ def main() -> None:
                 {
                     "strata": {s: [total[s], hit[s]] for s in STRATA},
                     "flagged": [
-                        {"stratum": strata[i], "findings": len(fs), "longest": [f["longest_run_words"] for f in fs]}
+                        {"stratum": strata[i], "findings": len(fs), "longest": [f["longest_run_tokens"] for f in fs]}
                         for i, fs in sorted(flagged.items())
                     ],
                 },

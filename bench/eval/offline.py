@@ -38,7 +38,7 @@ class _Allowlist(KnownFingerprints):
     def __init__(self, values: np.ndarray[Any, np.dtype[np.uint64]]) -> None:
         self._known = Known(np.unique(values), NO_CANARIES)
 
-    async def get(self, ns: str) -> Known:
+    async def get(self, key_id: str) -> Known:
         return self._known
 
 
@@ -47,12 +47,12 @@ class _Index(MemoryIndex):
 
     responses: dict[str, tuple[str, int, int]]  # request id -> key id, doc ref, tenant ref
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
+    async def put_docs(self, key_id: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         refs = await self.tenant_refs(sorted({m.tenant for m in docs.values()}))
         for ref, meta in docs.items():
             if meta.kind == Kind.RESPONSE:
-                self.responses[meta.request_id] = (ns, ref, refs[meta.tenant])
-        return await super().put_docs(ns, docs, now)
+                self.responses[meta.request_id] = (key_id, ref, refs[meta.tenant])
+        return await super().put_docs(key_id, docs, now)
 
 
 @dataclass
@@ -64,8 +64,8 @@ class Replayed:
 
     async def why(self, recipient_request: str) -> dict[str, str]:
         """What the matcher finds in that response now, per source tenant (``Matcher.why``)."""
-        ns, ref, tenant = self.index.responses[recipient_request]
-        return await self.matcher.why(ns, ref, tenant, time.time())
+        key_id, ref, tenant = self.index.responses[recipient_request]
+        return await self.matcher.why(key_id, ref, tenant, time.time())
 
 
 class _Collect(FindingsWriter):

@@ -157,7 +157,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]], public: list[list[st
                     "source_tenant",
                     "source_request_ids",
                     "matched_fingerprints",
-                    "longest_run_words",
+                    "longest_run_tokens",
                     "severity",
                 )
             }

@@ -25,7 +25,7 @@ class FindingDraft:
     prompt_tokens: int | None
     response_tokens: int
     matched_fingerprints: int
-    longest_run_words: int
+    longest_run_tokens: int
     score: float
     severity: str
     evidence: dict[str, Any]

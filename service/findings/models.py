@@ -39,7 +39,7 @@ class Finding(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     response_tokens: Mapped[int] = mapped_column(Integer)
     matched_fingerprints: Mapped[int] = mapped_column(Integer)
-    longest_run_words: Mapped[int] = mapped_column(Integer)
+    longest_run_tokens: Mapped[int] = mapped_column(Integer)
     score: Mapped[float] = mapped_column(Float)
     severity: Mapped[str] = mapped_column(String(16))
     evidence: Mapped[dict[str, Any]] = mapped_column(JSONType)

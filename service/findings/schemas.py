@@ -28,7 +28,7 @@ class FindingOut(BaseModel):
     prompt_tokens: int | None
     response_tokens: int
     matched_fingerprints: int
-    longest_run_words: int
+    longest_run_tokens: int
     score: float
     severity: SeverityField
     evidence: dict[str, Any]

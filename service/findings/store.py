@@ -40,10 +40,10 @@ async def upsert(session: AsyncSession, draft: FindingDraft) -> tuple[int, bool]
         index_elements=["recipient_tenant", "recipient_request_id"],
         set_=changes,
         where=(stmt.excluded.matched_fingerprints > Finding.matched_fingerprints)
-        | (stmt.excluded.longest_run_words > Finding.longest_run_words)
+        | (stmt.excluded.longest_run_tokens > Finding.longest_run_tokens)
         | (
             (stmt.excluded.matched_fingerprints == Finding.matched_fingerprints)
-            & (stmt.excluded.longest_run_words == Finding.longest_run_words)
+            & (stmt.excluded.longest_run_tokens == Finding.longest_run_tokens)
             & (stmt.excluded.source_ref < func.coalesce(Finding.source_ref, NO_REF))
         ),
     ).returning(Finding.id, Finding.detected_at, Finding.updated_at)

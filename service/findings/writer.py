@@ -73,8 +73,13 @@ def encode_draft(draft: FindingDraft) -> bytes:
     return orjson.dumps({"v": 1, "draft": dataclasses.asdict(draft)})
 
 
+# Fields renamed since a draft may have been held: a draft written before the upgrade still decodes.
+_RENAMED = {"longest_run_words": "longest_run_tokens"}
+
+
 def decode_draft(raw: bytes) -> FindingDraft:
     data: dict[str, Any] = orjson.loads(raw)["draft"]
+    data = {_RENAMED.get(k, k): v for k, v in data.items()}
     values: dict[str, Any] = {
         k: (datetime.fromisoformat(v) if k in _DATETIMES else v) for k, v in data.items() if k in _FIELDS
     }

@@ -67,7 +67,7 @@ class FindingSummary(BaseModel):
     prompt_tokens: int | None
     severity: SeverityField
     matched_fingerprints: int
-    longest_run_words: int
+    longest_run_tokens: int
     false_positive: bool
     allowlist_entry_id: int | None = Field(description="The allowlist entry its false-positive marking created.")
 

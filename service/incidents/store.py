@@ -169,7 +169,7 @@ def summary(finding: Finding, link: IncidentFinding) -> FindingSummary:
         prompt_tokens=finding.prompt_tokens,
         severity=finding.severity,
         matched_fingerprints=finding.matched_fingerprints,
-        longest_run_words=finding.longest_run_words,
+        longest_run_tokens=finding.longest_run_tokens,
         false_positive=link.false_positive,
         allowlist_entry_id=link.allowlist_entry_id,
     )

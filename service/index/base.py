@@ -249,7 +249,7 @@ class Index(Protocol):
         """The first of ``count`` fresh, never reused document refs."""
         ...
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
+    async def put_docs(self, key_id: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         """Store each document under its ref, unless the ref holds another exchange's document.
 
         Returns those refs, left as they were. A ref is handed out twice only when Redis lost the
@@ -259,11 +259,11 @@ class Index(Protocol):
         """
         ...
 
-    async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
+    async def get_docs(self, key_id: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         """Metadata of documents still within the retention window; missing ones are left out."""
         ...
 
-    async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
+    async def insert(self, key_id: str, docs: list[Doc], now: float) -> list[Hit]:
         """Index ``docs`` in order and report what each shares with other tenants' entries.
 
         Docs are inserted one after the other, so a batch that holds both sides of a leak
@@ -271,7 +271,7 @@ class Index(Protocol):
         """
         ...
 
-    async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
+    async def lookup(self, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         """Read-only view of ``values``, one ``Lookup`` per value in order."""
         ...
 

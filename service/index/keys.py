@@ -1,15 +1,15 @@
 """Every Redis key bleedwatch writes, built in one place.
 
-Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``ns`` a fingerprint key id):
+Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``key_id`` a fingerprint key id):
 
 - ``p:{p:tenants}:names`` / ``:seq``       tenant name -> small integer ref (kept until the tenant is purged)
 - ``p:{p:tenants}:purged``                 tombstones: digest of a purged tenant's name -> "purge time ref"
 - ``p:{p:tenants}:new:<key id>:<minute>``  digests of new tenant names one API key sent that minute, TTL 2 min
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
-- ``p:doc:<ns>:<ref>``                     metadata of one document, TTL = retention
+- ``p:doc:<key id>:<ref>``                 metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
-- ``p:{<ns>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
-- ``p:{<ns>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{<key id>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
+- ``p:{<key id>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
 - ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
 - ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
@@ -104,8 +104,8 @@ class Keys:
     def doc_seq(self) -> str:
         return f"{self.prefix}:doc-seq"
 
-    def doc(self, ns: str, ref: int) -> str:
-        return f"{self.prefix}:doc:{ns}:{ref}"
+    def doc(self, key_id: str, ref: int) -> str:
+        return f"{self.prefix}:doc:{key_id}:{ref}"
 
     def done(self, idempotency_key: str) -> str:
         digest = hashlib.blake2b(idempotency_key.encode(), digest_size=16).hexdigest()
@@ -158,5 +158,5 @@ class Keys:
     def revocations(self) -> str:
         return f"{self.prefix}:keys:revoked"
 
-    def shard(self, ns: str, shard: int) -> str:
-        return f"{self.prefix}:{{{ns}:{shard:02x}}}:{INDEX_KEY_VERSION}"
+    def shard(self, key_id: str, shard: int) -> str:
+        return f"{self.prefix}:{{{key_id}:{shard:02x}}}:{INDEX_KEY_VERSION}"

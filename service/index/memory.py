@@ -98,27 +98,27 @@ class MemoryIndex:
             next(self._doc_seq)
         return first
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
+    async def put_docs(self, key_id: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         self._expire(now)
         gen = self._window.current(now)
         taken = set()
         for ref, meta in docs.items():
-            held = self._docs.get((ns, ref))
+            held = self._docs.get((key_id, ref))
             if held is not None and not same_exchange(held[1], meta):
                 taken.add(ref)
                 continue
-            self._docs[(ns, ref)] = (gen, meta)
+            self._docs[(key_id, ref)] = (gen, meta)
         return taken
 
-    async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
+    async def get_docs(self, key_id: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         self._expire(now)
-        return {ref: self._docs[(ns, ref)][1] for ref in refs if (ns, ref) in self._docs}
+        return {ref: self._docs[(key_id, ref)][1] for ref in refs if (key_id, ref) in self._docs}
 
-    def _merged(self, ns: str, value: int, gens: Iterable[int]) -> dict[int, Entry] | None:
+    def _merged(self, key_id: str, value: int, gens: Iterable[int]) -> dict[int, Entry] | None:
         """Entries over the live generations, oldest first; None when common."""
         merged: dict[int, Entry] = {}
         for gen in gens:
-            table = self._tables.get((ns, gen))
+            table = self._tables.get((key_id, gen))
             if table is None:
                 continue
             entries = table.get(value, _ABSENT)
@@ -138,17 +138,17 @@ class MemoryIndex:
             senders += e.kinds & PROMPT_BIT
         return senders >= self._common_prompt or held >= self._common_any
 
-    async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
+    async def insert(self, key_id: str, docs: list[Doc], now: float) -> list[Hit]:
         self._expire(now)
         gens = self._window.live(now)
-        current = self._tables.setdefault((ns, self._window.current(now)), {})
+        current = self._tables.setdefault((key_id, self._window.current(now)), {})
         counts: dict[tuple[int, int, int, int], int] = {}
         if any(not 0 <= d.ref < DOC_REF_LIMIT or not 0 <= d.tenant < DOC_REF_LIMIT for d in docs):
             raise ValueError("doc and tenant refs are stored as u32: use new_doc_refs and tenant_refs")
         for pos, doc in enumerate(docs):
             kind = int(doc.kind)
             for value, offset in zip(doc.values.tolist(), doc.offsets.tolist(), strict=True):
-                merged = self._merged(ns, value, gens)
+                merged = self._merged(key_id, value, gens)
                 if merged is None:
                     current[value] = None
                     continue
@@ -172,11 +172,11 @@ class MemoryIndex:
                 current[value] = entries
         return [Hit(pos, tenant, ref, Kind(kinds), count) for (pos, tenant, ref, kinds), count in counts.items()]
 
-    async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
+    async def lookup(self, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         gens = self._window.live(now)
         out = []
         for value in values.tolist():
-            merged = self._merged(ns, value, gens)
+            merged = self._merged(key_id, value, gens)
             out.append(Lookup(None if merged is None else tuple(merged.values())))
         return out
 

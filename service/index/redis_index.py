@@ -352,14 +352,14 @@ class RedisIndex:
         (last,) = await self._scripts([(self._doc_refs_script, [self._keys.doc_seq], [count, DOC_REF_LIMIT])])
         return int(last) - count + 1
 
-    async def put_docs(self, ns: str, docs: dict[int, DocMeta], now: float) -> set[int]:
+    async def put_docs(self, key_id: str, docs: dict[int, DocMeta], now: float) -> set[int]:
         if not docs:
             return set()
         ttl, gen = self._window.ttl_seconds, self._window.current(now)
         encoded = {ref: encode_doc(meta, gen) for ref, meta in docs.items()}
         async with self._r.pipeline(transaction=False) as pipe:
             for ref, value in encoded.items():  # written only where there is none: one round trip as before
-                pipe.set(self._keys.doc(ns, ref), value, ex=ttl, nx=True, get=True)
+                pipe.set(self._keys.doc(key_id, ref), value, ex=ttl, nx=True, get=True)
             metrics.REDIS_ROUND_TRIPS.inc()
             held = await pipe.execute()
         taken: set[int] = set()
@@ -373,17 +373,17 @@ class RedisIndex:
         if again:
             async with self._r.pipeline(transaction=False) as pipe:
                 for ref in again:
-                    pipe.set(self._keys.doc(ns, ref), encoded[ref], ex=ttl)
+                    pipe.set(self._keys.doc(key_id, ref), encoded[ref], ex=ttl)
                 metrics.REDIS_ROUND_TRIPS.inc()
                 await pipe.execute()
         return taken
 
-    async def get_docs(self, ns: str, refs: list[int], now: float) -> dict[int, DocMeta]:
+    async def get_docs(self, key_id: str, refs: list[int], now: float) -> dict[int, DocMeta]:
         if not refs:
             return {}
         async with self._r.pipeline(transaction=False) as pipe:
             for ref in refs:
-                pipe.get(self._keys.doc(ns, ref))
+                pipe.get(self._keys.doc(key_id, ref))
             metrics.REDIS_ROUND_TRIPS.inc()
             raws = await pipe.execute()
         oldest = self._window.live(now).start
@@ -395,7 +395,7 @@ class RedisIndex:
                     out[ref] = meta
         return out
 
-    async def insert(self, ns: str, docs: list[Doc], now: float) -> list[Hit]:
+    async def insert(self, key_id: str, docs: list[Doc], now: float) -> list[Hit]:
         total = sum(len(d.values) for d in docs)
         if total == 0:
             return []
@@ -433,7 +433,7 @@ class RedisIndex:
         ]
         bits = _decimals(self._layout.filter_bits(values))
         replies = await self._per_shard(
-            ns, values, [(records, mask), bits], self._insert, common_args, [self._layout.filter_bytes]
+            key_id, values, [(records, mask), bits], self._insert, common_args, [self._layout.filter_bytes]
         )
         counts: dict[tuple[int, int, int, int], int] = {}
         for reply in replies:  # one per shard: the same pair can show up in several
@@ -442,7 +442,7 @@ class RedisIndex:
                 counts[key] = counts.get(key, 0) + int(reply[i + 4])
         return [Hit(pos, tenant, ref, KINDS[k], n) for (pos, tenant, ref, k), n in counts.items()]
 
-    async def lookup(self, ns: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
+    async def lookup(self, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         out = [Lookup(())] * len(values)
         if len(values) == 0:
             return out
@@ -456,7 +456,7 @@ class RedisIndex:
             *self._common,
             self._layout.lookup_format(),
         ]
-        replies = await self._per_shard(ns, values, [(records, None), bits], self._lookup, common_args)
+        replies = await self._per_shard(key_id, values, [(records, None), bits], self._lookup, common_args)
         rows = np.frombuffer(b"".join(cast(list[bytes], replies)), dtype=_LOOKUP_ROW)
         if len(rows) == 0:
             return out
@@ -477,7 +477,7 @@ class RedisIndex:
 
     async def _per_shard(
         self,
-        ns: str,
+        key_id: str,
         values: npt.NDArray[np.uint64],
         columns: list[tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_] | None]],
         script: LuaScript,
@@ -518,7 +518,7 @@ class RedisIndex:
         calls = []
         for group in groups:
             lo, hi = starts[group[0]], stops[group[-1]]
-            keys = [self._keys.shard(ns, int(sorted_shards[starts[i]])) for i in group]
+            keys = [self._keys.shard(key_id, int(sorted_shards[starts[i]])) for i in group]
             counts = np.array([stops[i] - starts[i] for i in group], dtype=">u4").tobytes()
             strings = [
                 flat[(int(end[lo - 1]) if lo else 0) : int(end[hi - 1])] for flat, end in zip(flats, ends, strict=True)

@@ -246,8 +246,8 @@ class Ingestor:
             groups[ex.key_id].append(i)
         accepted = duplicates = findings = 0
         repeated: set[int] = set()
-        for ns, positions in groups.items():
-            a, d, f = await self._ingest_group(ns, batch, decoded, positions, refs, now, repeated)
+        for key_id, positions in groups.items():
+            a, d, f = await self._ingest_group(key_id, batch, decoded, positions, refs, now, repeated)
             accepted, duplicates, findings = accepted + a, duplicates + d, findings + f
         # Per exchange only when one turned out a duplicate (in flight from a retry): kept for minutes.
         results = None
@@ -261,7 +261,7 @@ class Ingestor:
 
     async def _put_docs(
         self,
-        ns: str,
+        key_id: str,
         docs: list[Doc],
         metas: dict[int, DocMeta],
         refs: list[int],
@@ -276,7 +276,7 @@ class Ingestor:
         this, whichever batch wrote last would replace the other's documents, and evidence from the
         first one's text would name the second one's request and tenant.
         """
-        taken = await self._index.put_docs(ns, metas, now)
+        taken = await self._index.put_docs(key_id, metas, now)
         for _ in range(3):
             if not taken:
                 return docs, metas
@@ -289,12 +289,12 @@ class Ingestor:
                 refs[i] = first + 2 * j
             docs = [replace(d, ref=new.get(d.ref, d.ref)) for d in docs]
             metas = {new.get(r, r): m for r, m in metas.items()}
-            taken = await self._index.put_docs(ns, {r: metas[r] for r in new.values()}, now)
+            taken = await self._index.put_docs(key_id, {r: metas[r] for r in new.values()}, now)
         raise RuntimeError("document refs kept colliding after new ones were taken three times")
 
     async def _ingest_group(
         self,
-        ns: str,
+        key_id: str,
         batch: Batch,
         decoded: list[tuple[Decoded, Decoded]],
         positions: list[int],
@@ -336,10 +336,10 @@ class Ingestor:
                     values=text.values if kind == Kind.RESPONSE else None,
                     offsets=text.offsets if kind == Kind.RESPONSE else None,
                 )
-        docs, metas = await self._put_docs(ns, docs, metas, refs, [i for i, _ in fresh], now)
+        docs, metas = await self._put_docs(key_id, docs, metas, refs, [i for i, _ in fresh], now)
         with metrics.MATCH_DURATION.time():
-            hits = await self._index.insert(ns, docs, now)
-            drafts = await self._matcher.evaluate(ns, docs, metas, hits, now)
+            hits = await self._index.insert(key_id, docs, now)
+            drafts = await self._matcher.evaluate(key_id, docs, metas, hits, now)
         created = 0
         if drafts:
             # Database down: held in the outbox and written later (service/findings/writer.py).

@@ -83,73 +83,73 @@ class KnownFingerprints:
         self._locks: dict[str, asyncio.Lock] = {}
         self._invalidated: set[str] = set()
 
-    def invalidate(self, ns: str) -> None:
+    def invalidate(self, key_id: str) -> None:
         """Check this key id's lists on the next ``get``: this replica has just changed one."""
-        self._invalidated.add(ns)  # a check already running may have read before the change
-        cached = self._cache.get(ns)
+        self._invalidated.add(key_id)  # a check already running may have read before the change
+        cached = self._cache.get(key_id)
         if cached is not None:
             cached.checked_until = 0.0
 
-    async def get(self, ns: str) -> Known:
-        cached = self._cache.get(ns)
+    async def get(self, key_id: str) -> Known:
+        cached = self._cache.get(key_id)
         if cached is not None and cached.checked_until > time.monotonic():
             return cached.known
-        lock = self._locks.setdefault(ns, asyncio.Lock())
+        lock = self._locks.setdefault(key_id, asyncio.Lock())
         if cached is not None and lock.locked():
             return cached.known
         async with lock:
-            cached = self._cache.get(ns)
+            cached = self._cache.get(key_id)
             now = time.monotonic()
             if cached is not None and cached.checked_until > now:
                 return cached.known  # checked while this task waited
-            self._invalidated.discard(ns)
+            self._invalidated.discard(key_id)
             try:
                 async with session_scope(self._sessions) as session:
-                    fresh = await _read(session, ns, cached)
+                    fresh = await _read(session, key_id, cached)
             except DB_DOWN:
                 if cached is None:
                     raise
                 cached.checked_until = now + self._ttl  # stale if error: keep matching with the last lists we read
                 return cached.known
-            fresh.checked_until = 0.0 if ns in self._invalidated else now + self._ttl
-            self._cache[ns] = fresh
+            fresh.checked_until = 0.0 if key_id in self._invalidated else now + self._ttl
+            self._cache[key_id] = fresh
             return fresh.known
 
 
-async def _read(session: AsyncSession, ns: str, cached: _Cached | None) -> _Cached:
+async def _read(session: AsyncSession, key_id: str, cached: _Cached | None) -> _Cached:
     """The key id's lists, re-reading only those whose version moved since ``cached``.
 
     Versions are read before contents: a change committed in between is read now and, being a
     newer version than the one kept, read once more on the next check; never missed.
     """
-    allow_v = await allowlist.version(session, ns)
-    canary_v = await _canary_version(session, ns)
+    allow_v = await allowlist.version(session, key_id)
+    canary_v = await _canary_version(session, key_id)
     if cached is None:
-        known = Known(await allowlist.active_values(session, ns), await _canaries(session, ns))
+        known = Known(await allowlist.active_values(session, key_id), await _canaries(session, key_id))
         return _Cached(0.0, allow_v, canary_v, known)
     known = cached.known
     if allow_v != cached.allowlist_version:
-        known = Known(await allowlist.active_values(session, ns), known.canaries)
+        known = Known(await allowlist.active_values(session, key_id), known.canaries)
     if canary_v != cached.canary_version:
-        known = Known(known.allowlist, await _canaries(session, ns))
+        known = Known(known.allowlist, await _canaries(session, key_id))
     return _Cached(0.0, allow_v, canary_v, known)
 
 
-async def _canary_version(session: AsyncSession, ns: str) -> allowlist.Version:
+async def _canary_version(session: AsyncSession, key_id: str) -> allowlist.Version:
     active = Canary.revoked_at.is_(None)
     row = (
         await session.execute(
             select(
                 func.count(Canary.id).filter(active), func.max(Canary.id).filter(active), func.max(Canary.revoked_at)
-            ).where(Canary.key_id == ns)
+            ).where(Canary.key_id == key_id)
         )
     ).one()
     return tuple(row)
 
 
-async def _canaries(session: AsyncSession, ns: str) -> CanarySet:
+async def _canaries(session: AsyncSession, key_id: str) -> CanarySet:
     canaries = list(
-        (await session.scalars(select(Canary).where(Canary.key_id == ns, Canary.revoked_at.is_(None)))).all()
+        (await session.scalars(select(Canary).where(Canary.key_id == key_id, Canary.revoked_at.is_(None)))).all()
     )
     if not canaries:
         return NO_CANARIES

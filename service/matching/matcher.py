@@ -66,6 +66,30 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSource:
+    """Matches from a tenant's documents (its ref): evidence that may be shared with other tenants."""
+
+    ref: int
+
+    def __str__(self) -> str:
+        return f"tenant:{self.ref}"
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySource:
+    """Matches from a registered canary (its id): a finding whatever else holds the text."""
+
+    id: int
+
+    def __str__(self) -> str:
+        return f"canary:{self.id}"
+
+
+# Whose text a response's matches are: the key evidence is gathered and judged by.
+MatchSource = TenantSource | CanarySource
+
+
+@dataclass(frozen=True, slots=True)
 class Wanted:
     """A response worth evaluating: its recipient tenant, and when only as a later answer than another.
 
@@ -110,7 +134,7 @@ def candidates(docs: list[Doc], hits: list[Hit], needed: dict[bool, int], times:
 class Candidate:
     """One response to judge: its evidence view and what each tenant (or canary) had of it.
 
-    Matches by ("tenant", ref) or ("canary", id): ``sent`` in prompts (canaries included),
+    Matches by ``MatchSource``: ``sent`` in prompts (canaries included),
     ``served`` in answers; ``own``: the recipient's own prompts.
     """
 
@@ -118,8 +142,8 @@ class Candidate:
     meta: DocMeta
     response: Response
     own: list[Match]
-    sent: dict[tuple[str, int], list[Match]]
-    served: dict[tuple[str, int], list[Match]]
+    sent: dict[MatchSource, list[Match]]
+    served: dict[MatchSource, list[Match]]
 
     def refs(self) -> set[int]:
         every = [self.own, *self.sent.values(), *self.served.values()]
@@ -134,9 +158,9 @@ class Matcher:
 
     @tracing.traced("match")
     async def evaluate(
-        self, ns: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
+        self, key_id: str, docs: list[Doc], metas: dict[int, DocMeta], hits: list[Hit], now: float
     ) -> list[FindingDraft]:
-        known = await self._known.get(ns)
+        known = await self._known.get(key_id)
         canary_tenants = set(known.canaries.tenants.values())
         if canary_tenants and any(m.tenant in canary_tenants for m in metas.values()):
             metrics.CANARY_LAST_SEEN.set(now)  # the prober's own traffic got through the gateway
@@ -147,7 +171,7 @@ class Matcher:
             if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:
                 wanted[doc.ref] = Wanted(doc.tenant)
         found = {ref: metas[ref] for ref in wanted if ref in metas}
-        found.update(await self._index.get_docs(ns, [ref for ref in wanted if ref not in metas], now))
+        found.update(await self._index.get_docs(key_id, [ref for ref in wanted if ref not in metas], now))
         todo = [
             (ref, w.recipient, meta)
             for ref, w in sorted(wanted.items())
@@ -161,20 +185,20 @@ class Matcher:
         # One lookup for all of them: a response's fingerprints spread over most shards, so
         # looking them up together reads each shard's filters once, not once per response.
         values = [meta.values for _, _, meta in todo if meta.values is not None]
-        everything = await self._index.lookup(ns, np.concatenate(values), now)
+        everything = await self._index.lookup(key_id, np.concatenate(values), now)
         # Classifying and judging are CPU work: in a thread, so the event loop keeps answering.
         judged = await asyncio.to_thread(_classify_all, todo, everything, known)
         refs = sorted(set().union(*(c.refs() for c in judged)))
-        sources = await self._sources(ns, refs, known, now)
-        drafts = await asyncio.to_thread(self._judge_all, ns, judged, sources)
+        sources = await self._sources(key_id, refs, known, now)
+        drafts = await asyncio.to_thread(self._judge_all, key_id, judged, sources)
         return drafts
 
-    def _judge_all(self, ns: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
+    def _judge_all(self, key_id: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
         drafts = []
         params = {ref: s.params for ref, s in sources.items()}
         for candidate in judged:
             budget = Budget()
-            draft = self._judge(ns, candidate, sources, params, budget)
+            draft = self._judge(key_id, candidate, sources, params, budget)
             if budget.cut:
                 metrics.MATCH_BUDGET_CUT.inc(budget.cut)
             if draft is not None:
@@ -182,7 +206,7 @@ class Matcher:
         return drafts
 
     def _judge(
-        self, ns: str, c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
+        self, key_id: str, c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
     ) -> FindingDraft | None:
         meta = c.meta
         summaries = []
@@ -198,7 +222,7 @@ class Matcher:
         top = summaries[0]
         ctx = meta.context
         return FindingDraft(
-            key_id=ns,
+            key_id=key_id,
             recipient_tenant=meta.tenant,
             recipient_request_id=meta.request_id,
             source_tenant=top.tenant,
@@ -210,7 +234,7 @@ class Matcher:
             prompt_tokens=_int(ctx.get("prompt_tokens")),
             response_tokens=meta.token_count,
             matched_fingerprints=top.matched,
-            longest_run_words=top.longest,
+            longest_run_tokens=top.longest,
             score=top.coverage,
             severity=severity(top.longest, self._t, canary=top.canary),
             evidence={
@@ -221,29 +245,29 @@ class Matcher:
             source_ref=top.first_ref,
         )
 
-    async def why(self, ns: str, ref: int, recipient: int, now: float) -> dict[str, str]:
+    async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
         """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
         steps, for the evaluation's diagnosis of a missed leak (bench/eval/run.py --why-missed)."""
-        meta = (await self._index.get_docs(ns, [ref], now)).get(ref)
+        meta = (await self._index.get_docs(key_id, [ref], now)).get(ref)
         if meta is None or meta.values is None:
             return {}
-        known = await self._known.get(ns)
-        lookups = await self._index.lookup(ns, meta.values, now)
+        known = await self._known.get(key_id)
+        lookups = await self._index.lookup(key_id, meta.values, now)
         (c,) = _classify_all([(ref, recipient, meta)], lookups, known)
-        sources = await self._sources(ns, sorted(c.refs()), known, now)
+        sources = await self._sources(key_id, sorted(c.refs()), known, now)
         raw = {k: len(v) for k, v in c.sent.items()} | {k: len(v) for k, v in c.served.items()}
         out = {}
         for key, (kept, copied) in _evidence(c, sources, {r: s.params for r, s in sources.items()}, Budget()).items():
             best = max(copied, key=lambda x: x.score, default=None)
             pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
-            tenant = next((sources[m.source_doc].tenant for m in kept), f"{key[0]}:{key[1]}")
+            tenant = next((sources[m.source_doc].tenant for m in kept), str(key))
             score = "-" if best is None else best.score
             around = "" if best is None else _around(c, lookups, kept, best.pieces[0].start, best.pieces[-1].end)
             out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}{around}"
         return out
 
-    async def _sources(self, ns: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
-        docs = await self._index.get_docs(ns, [r for r in refs if r > 0], now)
+    async def _sources(self, key_id: str, refs: list[int], known: Known, now: float) -> dict[int, Source]:
+        docs = await self._index.get_docs(key_id, [r for r in refs if r > 0], now)
         out = {
             ref: Source(d.tenant, d.request_id, kind_name(d.kind), d.params, d.ts, bool(d.kind & Kind.RESPONSE))
             for ref, d in docs.items()
@@ -264,7 +288,7 @@ def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int)
 
 def _evidence(
     c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
-) -> dict[tuple[str, int], tuple[list[Match], list[Copy]]]:
+) -> dict[MatchSource, tuple[list[Match], list[Copy]]]:
     """Each source's matches that count, and its copies."""
     n = c.meta.params.n
     # Prompts are winnowed: who sent a stretch of the response is known at a few of its
@@ -283,7 +307,9 @@ def _evidence(
     shared = Shared.of(found, c.response.offsets)
     out = {}
     for key, ms in matches.items():
-        response = c.response if shared is None or key[0] != "tenant" else c.response.explained(shared.others(key))
+        response = c.response
+        if shared is not None and isinstance(key, TenantSource):
+            response = c.response.explained(shared.others(key))
         out[key] = (ms, evaluate(response, ms, params, budget))
     return out
 
@@ -299,14 +325,16 @@ class Shared:
     is one sort and one pass, whatever the number of tenants.
     """
 
-    ids: dict[tuple[str, int], int]
+    ids: dict[TenantSource, int]
     count: npt.NDArray[np.int64]
     owner: npt.NDArray[np.int64]
 
     @classmethod
-    def of(cls, found: dict[tuple[str, int], list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
+    def of(cls, found: dict[MatchSource, list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
         stretches = {
-            key: spans([p for p in ps if p.copied >= SHARED_TOKENS]) for key, ps in found.items() if key[0] == "tenant"
+            key: spans([p for p in ps if p.copied >= SHARED_TOKENS])
+            for key, ps in found.items()
+            if isinstance(key, TenantSource)
         }
         stretches = {key: s for key, s in stretches.items() if len(s[0])}
         if len(stretches) < 2:
@@ -322,7 +350,7 @@ class Shared:
             owner += inside * ids[key]
         return cls(ids, count, owner)
 
-    def others(self, key: tuple[str, int]) -> npt.NDArray[np.bool_]:
+    def others(self, key: TenantSource) -> npt.NDArray[np.bool_]:
         """The fingerprints in a stretch another tenant sent."""
         mine = self.ids.get(key, 0)
         out: npt.NDArray[np.bool_] = (self.count >= 2) | ((self.count == 1) & (self.owner != mine))
@@ -345,8 +373,8 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
     assert meta.values is not None
     assert meta.offsets is not None
     own: list[Match] = []
-    sent: dict[tuple[str, int], list[Match]] = {}
-    served: dict[tuple[str, int], list[Match]] = {}
+    sent: dict[MatchSource, list[Match]] = {}
+    served: dict[MatchSource, list[Match]] = {}
     blind = known.allowed(meta.values)
     canary_pos = known.canaries.find(meta.values)
     for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
@@ -356,7 +384,7 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             cid = int(known.canaries.canary_ids[canary_pos[i]])
             if known.canaries.tenants[cid] != meta.tenant:
                 source_offset = int(known.canaries.offsets[canary_pos[i]])
-                sent.setdefault(("canary", cid), []).append(Match(offset, -cid, source_offset))
+                sent.setdefault(CanarySource(cid), []).append(Match(offset, -cid, source_offset))
             continue
         if found.entries is None:
             blind[i] = True
@@ -368,14 +396,14 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
         others = [e for e in found.entries if e.tenant != recipient]
         senders = [e for e in others if e.kinds & PROMPT_BIT]
         for e in senders:
-            sent.setdefault(("tenant", e.tenant), []).append(Match(offset, e.doc, e.offset))
+            sent.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
         if senders:
             continue
         # Text only ever served is another tenant's answer only if one other tenant had it, and
         # the recipient had not: what the model says to several tenants, or again, is its own.
         # It is not blind for that: what a prompt of the same stretch shows still counts.
         if len(others) == 1 and (mine is None or mine.doc == ref):
-            served.setdefault(("tenant", others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
+            served.setdefault(TenantSource(others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
     return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served)
 
 
@@ -399,18 +427,18 @@ class Summary:
             "canary": self.canary,
             "request_ids": self.request_ids,
             "matched_fingerprints": self.matched,
-            "longest_run_words": self.longest,
+            "longest_run_tokens": self.longest,
             "coverage": self.coverage,
             "ranges": self.ranges,
         }
 
 
-def _summarise(key: tuple[str, int], copied: list[Copy], sources: dict[int, Source], tokens: int, n: int) -> Summary:
+def _summarise(key: MatchSource, copied: list[Copy], sources: dict[int, Source], tokens: int, n: int) -> Summary:
     found = sorted({p for c in copied for p in c.pieces}, key=lambda p: (p.start, p.source_doc))
     first = sources[found[0].source_doc]
     return Summary(
         tenant=first.tenant,
-        canary=key[0] == "canary",
+        canary=isinstance(key, CanarySource),
         best=max(c.score for c in copied),
         matched=sum(p.fingerprints for p in found),
         longest=longest(copied),

@@ -160,7 +160,8 @@ def _print_run(run: Run, pool: int) -> None:
         )
         print(
             f"      from {f['source_tenant']}'s {', '.join(f['source_request_ids'])}; longest verbatim run "
-            f"{f['longest_run_words']} words; served {_when(f['response_at'])}, found {lag.total_seconds():.1f} s later"
+            f"{f['longest_run_tokens']} tokens; served {_when(f['response_at'])}, "
+            f"found {lag.total_seconds():.1f} s later"
         )
     if run.signals:
         nodes = Counter(s["node"] for s in run.signals)
