@@ -13,6 +13,7 @@ from service.auth.keys import KeyVerifier
 from service.auth.revocations import Revocations
 from service.config import Settings
 from service.deployments.risk import RiskMonitor
+from service.incidents.grouping import Policy
 from service.incidents.monitor import IncidentMonitor
 from service.index.base import Index
 from service.ingest.service import Ingestor
@@ -34,6 +35,8 @@ class AppDeps:
     limiter: RateLimiter
     auth_failures: AuthFailures
     incidents: IncidentMonitor
+    # How findings join incidents and who is paged: passed to the findings writer and incident changes.
+    incident_policy: Policy
 
 
 def get_deps(request: Request) -> AppDeps:

@@ -153,7 +153,7 @@ async def change(deps: AppDeps, caller: Caller, incident_id: int, body: Incident
     forms (service/ui/routes.py) both go through here, so they cannot drift apart."""
     async with session_scope(deps.sessions) as session:
         incident = await _incident(session, incident_id)
-        changed = await store.update(session, incident, body, caller.key_id)
+        changed = await store.update(session, incident, body, caller.key_id, deps.incident_policy)
         await audit.record(
             session,
             caller,
