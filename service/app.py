@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             upgrade(settings)  # the embedded file is ours to keep current
         engine = make_engine(settings)
         metrics.configure(settings)
+        labels = metrics.Labels.from_settings(settings)  # one per process: writer and ingestor share it
         audit.configure(settings)
         metrics.instrument_engine(engine)
         sessions = make_sessionmaker(engine)
@@ -88,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         risk = RiskMonitor(sessions, load_rules(settings.risk_rules_file), settings.risk_refresh_seconds)
         webhooks = make_sender(sessions, settings)
         # Findings join incidents in the session that stores them (service/incidents/grouping.py).
-        grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings)))
+        incident_policy = grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings))
         incidents = IncidentMonitor(sessions, settings.incident_refresh_seconds)
         retention = RetentionJob(
             sessions,
@@ -116,6 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             index.purged,
             max_attempts=settings.findings_outbox_max_attempts,
             dead_letter_seconds=settings.dead_letter_retention_seconds,
+            policy=incident_policy,
+            labels=labels,
         )
         matcher = Matcher(index, known, thresholds(settings))
         ingestor = Ingestor(
@@ -126,6 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer,
             settings.ingest_queue_max_batches,
             settings.ingest_queue_max_bytes,
+            labels=labels,
         )
         worker = IngestWorker(
             ingestor,
@@ -147,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             limiter=limiter,
             auth_failures=auth_failures,
             incidents=incidents,
+            incident_policy=incident_policy,
         )
         # Stopped in the reverse order, each even if one before it raised: the workers first (after
         # uvicorn has answered every request: SIGTERM drains), the clients they use last.

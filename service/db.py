@@ -1,7 +1,8 @@
 """Database engine, sessions and the declarative base; the only module that knows the driver.
 
-Services flush, the request scope commits (``session_scope``): a route's work lands whole or
-not at all. The same models run on PostgreSQL and on the embedded SQLite file.
+Services flush, the request scope commits (``session_scope``, which routes get as
+``service.deps.SessionDep``): a route's work lands whole or not at all. The same models run on
+PostgreSQL and on the embedded SQLite file.
 """
 
 from __future__ import annotations

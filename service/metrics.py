@@ -3,9 +3,10 @@
 Conventions: the ``bleedwatch_`` prefix, base units in the name (``_seconds``, ``_bytes``),
 counters end in ``_total``, gauges never do. Labels take bounded sets of values only: never a
 tenant, a request id or a fingerprint. Operator names (the model; deployment and node, opt-in)
-pass through a ``LabelCap``: the first N distinct values get their own label value, every later
-one is counted as ``other``. Label values known in advance are pre-initialised, so every series
-exists (at 0) before its first event and ``increase()`` sees that first event.
+pass through a ``LabelCap`` (held by a ``Labels`` built from settings and passed in): the first
+N distinct values get their own label value, every later one is counted as ``other``. Label
+values known in advance are pre-initialised, so every series exists (at 0) before its first event
+and ``increase()`` sees that first event.
 """
 
 from __future__ import annotations
@@ -297,15 +298,45 @@ class LabelCap:
         return False
 
 
-MODELS = LabelCap(50)
-NODES = LabelCap(50, enabled=False)
-_initialised: set[Hashable] = set()  # label values whose finding series exist (bounded by the caps)
+class Labels:
+    """The caps on the model and node labels, built from settings once per process and passed to
+    whoever records exchanges and findings (the ingestor and the findings writer share one), so no
+    module global decides a label and tests build their own."""
+
+    def __init__(self, models: LabelCap | None = None, nodes: LabelCap | None = None) -> None:
+        self.models = models or LabelCap(50)
+        self.nodes = nodes or LabelCap(50, enabled=False)
+        self.initialised: set[Hashable] = set()  # label values whose finding series exist (bounded by the caps)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Labels:
+        return cls(
+            LabelCap(settings.metrics_max_models, enabled=settings.metrics_model_label),
+            LabelCap(settings.metrics_max_nodes, enabled=settings.metrics_node_labels),
+        )
+
+    def model(self, model: str, *, count_overflow: bool) -> str | None:
+        if not self.models.enabled:
+            return None
+        if self.models.admit(model):
+            return model
+        if count_overflow:
+            LABEL_OVERFLOW.labels("model").inc()
+        return OTHER
+
+    def node(self, deployment: object, node: object, *, count_overflow: bool) -> tuple[str, str] | None:
+        if not self.nodes.enabled:
+            return None
+        pair = ("unknown" if deployment is None else str(deployment), "unknown" if node is None else str(node))
+        if self.nodes.admit(pair):
+            return pair
+        if count_overflow:
+            LABEL_OVERFLOW.labels("node").inc()
+        return OTHER, OTHER
 
 
 def configure(settings: Settings) -> None:
-    """Apply the settings that shape labels and the gauges that mirror settings (once per app start)."""
-    MODELS.enabled, MODELS.limit = settings.metrics_model_label, settings.metrics_max_models
-    NODES.enabled, NODES.limit = settings.metrics_node_labels, settings.metrics_max_nodes
+    """Set the gauges that mirror settings (once per app start); label caps are ``Labels.from_settings``."""
     RETENTION.set(settings.retention_seconds)
     if settings.alert_links_url is not None:
         ALERT_LINKS.labels(settings.alert_links_url).set(1)
@@ -317,28 +348,7 @@ def configure(settings: Settings) -> None:
             counter.labels(target)
 
 
-def _model_label(model: str, *, count_overflow: bool) -> str | None:
-    if not MODELS.enabled:
-        return None
-    if MODELS.admit(model):
-        return model
-    if count_overflow:
-        LABEL_OVERFLOW.labels("model").inc()
-    return OTHER
-
-
-def _node_labels(deployment: object, node: object, *, count_overflow: bool) -> tuple[str, str] | None:
-    if not NODES.enabled:
-        return None
-    pair = ("unknown" if deployment is None else str(deployment), "unknown" if node is None else str(node))
-    if NODES.admit(pair):
-        return pair
-    if count_overflow:
-        LABEL_OVERFLOW.labels("node").inc()
-    return OTHER, OTHER
-
-
-def record_exchange(prompt: DocMeta, now: float) -> None:
+def record_exchange(prompt: DocMeta, now: float, labels: Labels) -> None:
     """One new exchange, from its prompt's metadata: prompt length, age, label slots for model and node.
 
     Taking the slots here, before any finding, pre-initialises the model's finding series at 0.
@@ -346,24 +356,24 @@ def record_exchange(prompt: DocMeta, now: float) -> None:
     prompt_tokens = prompt.context.get("prompt_tokens")
     EXCHANGE_PROMPT_TOKENS.observe(prompt_tokens if isinstance(prompt_tokens, int) else prompt.token_count)
     INGEST_LAG.observe(max(0.0, now - prompt.ts))
-    model_label = _model_label(prompt.model, count_overflow=False)
-    if model_label is not None and ("model", model_label) not in _initialised:
-        _initialised.add(("model", model_label))
+    model_label = labels.model(prompt.model, count_overflow=False)
+    if model_label is not None and ("model", model_label) not in labels.initialised:
+        labels.initialised.add(("model", model_label))
         for severity in SEVERITIES:
             FINDINGS_BY_MODEL.labels(model_label, severity)
-    nodes = _node_labels(prompt.context.get("deployment"), prompt.context.get("node"), count_overflow=False)
-    if nodes is not None and ("node", nodes) not in _initialised:
-        _initialised.add(("node", nodes))
+    nodes = labels.node(prompt.context.get("deployment"), prompt.context.get("node"), count_overflow=False)
+    if nodes is not None and ("node", nodes) not in labels.initialised:
+        labels.initialised.add(("node", nodes))
         FINDINGS_BY_NODE.labels(*nodes)
 
 
-def record_finding(draft: FindingDraft) -> None:
+def record_finding(draft: FindingDraft, labels: Labels) -> None:
     """One finding created (not one extended)."""
     FINDINGS.labels(draft.severity).inc()
-    model_label = _model_label(draft.model, count_overflow=True)
+    model_label = labels.model(draft.model, count_overflow=True)
     if model_label is not None:
         FINDINGS_BY_MODEL.labels(model_label, draft.severity).inc()
-    nodes = _node_labels(draft.deployment, draft.node, count_overflow=True)
+    nodes = labels.node(draft.deployment, draft.node, count_overflow=True)
     if nodes is not None:
         FINDINGS_BY_NODE.labels(*nodes).inc()
     if draft.prompt_tokens is not None:

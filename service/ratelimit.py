@@ -23,6 +23,7 @@ from redis.asyncio import Redis, RedisCluster
 from service import metrics
 from service.config import Settings
 from service.index.keys import Keys
+from service.redis_client import make_redis
 
 log = logging.getLogger(__name__)
 MAX_BUCKETS = 100_000  # in-process: forget every bucket past this many keys (they refill anyway)
@@ -134,13 +135,7 @@ def make_limiter(
         return Unlimited()
     if settings.redis_url is None:
         return MemoryLimiter(rate, burst)
-    client: Redis | RedisCluster
-    if settings.redis_cluster:
-        client = RedisCluster.from_url(
-            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, client_name=name
-        )
-    else:
-        client = Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, client_name=name)
+    client = make_redis(settings, name)
     return RedisLimiter(client, Keys(settings.key_prefix), rate, burst, bucket)
 
 

@@ -59,11 +59,12 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings)
         audit.configure(settings)  # incident events name tenants by their digest, as the API's do
         metrics.configure(settings)
+        labels = metrics.Labels.from_settings(settings)  # one per process: writer and ingestor share it
         metrics.instrument_engine(engine)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         # Findings join incidents in the session that stores them; the API replicas send the webhooks.
-        grouping.configure(sessions, grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings)))
+        incident_policy = grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings))
         # A purged tenant's findings are refused; a held finding that keeps failing is moved aside.
         writer = FindingsWriter(
             sessions,
@@ -71,6 +72,8 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
             index.purged,
             max_attempts=settings.findings_outbox_max_attempts,
             dead_letter_seconds=settings.dead_letter_retention_seconds,
+            policy=incident_policy,
+            labels=labels,
         )
         matcher = Matcher(index, KnownFingerprints(sessions, settings.lists_refresh_seconds), thresholds(settings))
         ingestor = Ingestor(
@@ -81,6 +84,7 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
             writer,
             settings.ingest_queue_max_batches,
             settings.ingest_queue_max_bytes,
+            labels=labels,
         )
         worker = IngestWorker(
             ingestor,

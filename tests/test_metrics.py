@@ -136,32 +136,29 @@ def _value(name: str, labels: dict[str, str] | None = None) -> float:
 
 
 @pytest.fixture
-def caps(monkeypatch: pytest.MonkeyPatch) -> tuple[metrics.LabelCap, metrics.LabelCap]:
-    models, nodes = metrics.LabelCap(2), metrics.LabelCap(1, enabled=True)
-    monkeypatch.setattr(metrics, "MODELS", models)
-    monkeypatch.setattr(metrics, "NODES", nodes)
-    return models, nodes
+def caps() -> metrics.Labels:
+    return metrics.Labels(metrics.LabelCap(2), metrics.LabelCap(1, enabled=True))
 
 
-def test_findings_by_model_are_capped_with_overflow_counted(caps: tuple[metrics.LabelCap, ...]) -> None:
+def test_findings_by_model_are_capped_with_overflow_counted(caps: metrics.Labels) -> None:
     prefix = f"capped-{time.monotonic_ns()}"
     overflow = _value("bleedwatch_metric_label_overflow_total", {"label": "model"})
     for i in range(4):
-        metrics.record_finding(_draft(f"{prefix}-{i}"))
+        metrics.record_finding(_draft(f"{prefix}-{i}"), caps)
     by_model = "bleedwatch_findings_by_model_total"
     assert _value(by_model, {"model": f"{prefix}-0", "severity": "high"}) == 1
     assert _value(by_model, {"model": f"{prefix}-1", "severity": "high"}) == 1
     assert REGISTRY.get_sample_value(by_model, {"model": f"{prefix}-2", "severity": "high"}) is None
     assert _value("bleedwatch_metric_label_overflow_total", {"label": "model"}) == overflow + 2
     node_overflow = _value("bleedwatch_metric_label_overflow_total", {"label": "node"})
-    metrics.record_finding(_draft(f"{prefix}-0", deployment="pd-us-9", node="decode-1"))
+    metrics.record_finding(_draft(f"{prefix}-0", deployment="pd-us-9", node="decode-1"), caps)
     assert _value("bleedwatch_metric_label_overflow_total", {"label": "node"}) == node_overflow + 1
 
 
-def test_model_label_can_be_turned_off(caps: tuple[metrics.LabelCap, ...]) -> None:
-    metrics.configure(Settings(metrics_model_label=False))
+def test_model_label_can_be_turned_off() -> None:
+    labels = metrics.Labels.from_settings(Settings(metrics_model_label=False))
     model = f"off-{time.monotonic_ns()}"
-    metrics.record_finding(_draft(model))
+    metrics.record_finding(_draft(model), labels)
     assert REGISTRY.get_sample_value("bleedwatch_findings_by_model_total", {"model": model, "severity": "high"}) is None
 
 
@@ -174,13 +171,13 @@ def test_the_alert_links_base_is_exported_for_the_rules() -> None:
         Settings(alert_links_url=url + "/")  # the rules append "/runbooks/...": no double slash
 
 
-def test_a_finding_feeds_latency_prompt_length_and_canaries(caps: tuple[metrics.LabelCap, ...]) -> None:
+def test_a_finding_feeds_latency_prompt_length_and_canaries(caps: metrics.Labels) -> None:
     latency = _value("bleedwatch_detection_latency_seconds_count")
     long_prompts = _value("bleedwatch_finding_prompt_tokens_bucket", {"le": "786432.0"}) - _value(
         "bleedwatch_finding_prompt_tokens_bucket", {"le": "655360.0"}
     )
     canary_leaks = _value("bleedwatch_canary_leaks_total")
-    metrics.record_finding(_draft("m", "critical", evidence={"sources": [{"canary": True}, {"canary": False}]}))
+    metrics.record_finding(_draft("m", "critical", evidence={"sources": [{"canary": True}, {"canary": False}]}), caps)
     assert _value("bleedwatch_detection_latency_seconds_count") == latency + 1
     assert (
         _value("bleedwatch_finding_prompt_tokens_bucket", {"le": "786432.0"})

@@ -391,12 +391,17 @@ async def test_no_event_for_a_change_rolled_back(settings: Settings, receivers: 
         assert resp.status_code == 422
     engine = make_engine(configured)
     sessions = make_sessionmaker(engine)
-    grouping.configure(sessions, grouping.Policy(3600, paging_routes(configured)))
     try:
         async with sessions() as session:
             row = await incidents.get(session, incident["id"])
             assert row is not None
-            await incidents.update(session, row, IncidentPatch(status=Status.RESOLVED), "test")
+            await incidents.update(
+                session,
+                row,
+                IncidentPatch(status=Status.RESOLVED),
+                "test",
+                grouping.Policy(3600, paging_routes(configured)),
+            )
             pending = await session.scalar(select(func.count()).select_from(WebhookDelivery))
             assert pending == 6  # three opened, three resolved, inside the transaction
             await session.rollback()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from sqlalchemy import String, cast, or_, select
 
 from bleedwatch.names import NAME_PATTERN
@@ -10,21 +10,19 @@ from service import cursors
 from service.audit import log
 from service.audit.models import AuditEntry
 from service.audit.schemas import AuditOut, AuditPage
-from service.auth.deps import require
-from service.auth.keys import Caller, Role
-from service.db import session_scope
-from service.deps import Deps
+from service.auth.deps import Admin
+from service.deps import Deps, SessionDep
 from service.errors import Invalid, common_responses
 from service.wire import Moment
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=common_responses())
-Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 Text = Annotated[str | None, Query(max_length=128, pattern=NAME_PATTERN)]
 
 
 @router.get("", response_model=AuditPage, summary="The audit log, newest first")
 async def list_audit(
     deps: Deps,
+    session: SessionDep,
     caller: Admin,
     key_id: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_.:-]+$")] = None,
     action: Annotated[str | None, Query(max_length=48, pattern=r"^[a-z0-9_.]+$")] = None,
@@ -63,14 +61,13 @@ async def list_audit(
         q = q.where(AuditEntry.at < until)
     if cursor is not None:
         q = q.where(AuditEntry.id < cursors.decode_id(cursor))
-    async with session_scope(deps.sessions) as session:
-        rows = list((await session.scalars(q.order_by(AuditEntry.id.desc()).limit(limit + 1))).all())
-        await log.record(
-            session,
-            caller,
-            "audit.list",
-            "audit",
-            {"filters": log.filters(key_id=key_id, action=action, target=target, tenant=tenant, since=since)},
-        )
-        next_cursor = cursors.encode_id(rows[limit - 1].id) if len(rows) > limit else None
-        return AuditPage(items=[AuditOut.model_validate(r) for r in rows[:limit]], next_cursor=next_cursor)
+    rows = list((await session.scalars(q.order_by(AuditEntry.id.desc()).limit(limit + 1))).all())
+    await log.record(
+        session,
+        caller,
+        "audit.list",
+        "audit",
+        {"filters": log.filters(key_id=key_id, action=action, target=target, tenant=tenant, since=since)},
+    )
+    next_cursor = cursors.encode_id(rows[limit - 1].id) if len(rows) > limit else None
+    return AuditPage(items=[AuditOut.model_validate(r) for r in rows[:limit]], next_cursor=next_cursor)

@@ -1,16 +1,21 @@
-"""The roles each route accepts; the key itself was verified by ``service/auth/gate.py``."""
+"""The roles each route accepts; the key itself was verified by ``service/auth/gate.py``.
+
+``Reader``, ``Triage``, ``Admin``, ``Ingest`` and ``CallerDep`` (any role) are the annotations
+routes declare, defined once so two routes cannot spell the same role set differently.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from service.auth.gate import CALLER, ROLES_ATTRIBUTE, authenticate, forbidden
 from service.auth.keys import Caller, Role
 
 READERS = (Role.READ, Role.TRIAGE, Role.ADMIN)
-__all__ = ["READERS", "ROLES_ATTRIBUTE", "require"]
+__all__ = ["READERS", "ROLES_ATTRIBUTE", "Admin", "CallerDep", "Ingest", "Reader", "Triage", "require"]
 
 
 def require(*roles: Role) -> Callable[[Request], Awaitable[Caller]]:
@@ -29,3 +34,10 @@ def require(*roles: Role) -> Callable[[Request], Awaitable[Caller]]:
 
     setattr(dependency, ROLES_ATTRIBUTE, allowed)
     return dependency
+
+
+Reader = Annotated[Caller, Depends(require(*READERS))]
+Triage = Annotated[Caller, Depends(require(Role.TRIAGE, Role.ADMIN))]
+Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
+Ingest = Annotated[Caller, Depends(require(Role.INGEST))]
+CallerDep = Annotated[Caller, Depends(require(*Role))]

@@ -2,20 +2,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Path, Query
 
 from service import audit, metrics
-from service.auth.deps import require
-from service.auth.keys import Caller, Role
+from service.auth.deps import Admin
 from service.canaries import store
 from service.canaries.schemas import CanaryIn, CanaryOut, CanaryPage
-from service.db import session_scope
-from service.deps import Deps
+from service.deps import Deps, SessionDep
 from service.errors import Forbidden, Invalid, NotFound, PayloadTooLarge, Unauthorized, responses
 from service.wire import decode_text
 
 router = APIRouter(prefix="/v1/canaries", tags=["canaries"])
-Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 
 
 @router.post(
@@ -24,17 +21,17 @@ Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
     response_model=CanaryOut,
     responses=responses(Unauthorized, Forbidden, PayloadTooLarge, Invalid),
 )
-async def register(deps: Deps, caller: Admin, body: CanaryIn) -> CanaryOut:
+async def register(deps: Deps, session: SessionDep, caller: Admin, body: CanaryIn) -> CanaryOut:
     """From now on, any other tenant's response containing this text is a critical finding.
 
     Canary text never counts as common and outlives the retention window until revoked.
     """
     text = decode_text(body.text, "text", deps.ingestor.limits.max_fingerprints)
-    async with session_scope(deps.sessions) as session:
-        canary = await store.add(session, body.key_id, body.tenant, body.label, text, caller.key_id)
-        await audit.record(
-            session, caller, "canaries.register", f"canary:{canary.id}", {"tenant": audit.tenant_hash(body.tenant)}
-        )
+    canary = await store.add(session, body.key_id, body.tenant, body.label, text, caller.key_id)
+    await audit.record(
+        session, caller, "canaries.register", f"canary:{canary.id}", {"tenant": audit.tenant_hash(body.tenant)}
+    )
+    await session.commit()  # before the canary cache reloads
     deps.known.invalidate(body.key_id)
     metrics.CANARY_PROBES.inc()
     return CanaryOut.model_validate(canary)
@@ -42,19 +39,20 @@ async def register(deps: Deps, caller: Admin, body: CanaryIn) -> CanaryOut:
 
 @router.get("", response_model=CanaryPage, responses=responses(Unauthorized, Forbidden))
 async def list_canaries(
-    deps: Deps, _: Admin, key_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None
+    deps: Deps, session: SessionDep, _: Admin, key_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None
 ) -> CanaryPage:
-    async with session_scope(deps.sessions) as session:
-        return CanaryPage(items=[CanaryOut.model_validate(c) for c in await store.canaries(session, key_id)])
+    return CanaryPage(items=[CanaryOut.model_validate(c) for c in await store.canaries(session, key_id)])
 
 
 @router.delete("/{canary_id}", response_model=CanaryOut, responses=responses(Unauthorized, Forbidden, NotFound))
-async def revoke(deps: Deps, caller: Admin, canary_id: Annotated[int, Path(ge=1, lt=2**63)]) -> CanaryOut:
-    async with session_scope(deps.sessions) as session:
-        canary = await store.revoke(session, canary_id)
-        if canary is None:
-            raise NotFound(f"no canary {canary_id}")
-        await audit.record(session, caller, "canaries.revoke", f"canary:{canary_id}")
-        out = CanaryOut.model_validate(canary)
+async def revoke(
+    deps: Deps, session: SessionDep, caller: Admin, canary_id: Annotated[int, Path(ge=1, lt=2**63)]
+) -> CanaryOut:
+    canary = await store.revoke(session, canary_id)
+    if canary is None:
+        raise NotFound(f"no canary {canary_id}")
+    await audit.record(session, caller, "canaries.revoke", f"canary:{canary_id}")
+    out = CanaryOut.model_validate(canary)
+    await session.commit()  # before the canary cache reloads
     deps.known.invalidate(out.key_id)
     return out

@@ -2,23 +2,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from bleedwatch.names import DEPLOYMENT_ID_PATTERN
 from service import audit
-from service.auth.deps import READERS, require
-from service.auth.keys import Caller, Role
-from service.db import session_scope
+from service.auth.deps import Admin, Reader
 from service.deployments import store
 from service.deployments.models import Deployment
 from service.deployments.rules import RuleSet
 from service.deployments.schemas import DeploymentConfig, DeploymentOut, DeploymentPage
-from service.deps import Deps
+from service.deps import Deps, SessionDep
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"])
-Reader = Annotated[Caller, Depends(require(*READERS))]
-Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 CREATED: dict[int | str, dict[str, Any]] = {201: {"model": DeploymentOut, "description": "created"}}
 DeploymentId = Annotated[str, Path(min_length=1, max_length=256, pattern=DEPLOYMENT_ID_PATTERN)]
 
@@ -44,15 +40,20 @@ def _out(row: Deployment, rules: RuleSet) -> DeploymentOut:
     responses=CREATED | responses(Unauthorized, Forbidden, Invalid),
 )
 async def put_deployment(
-    deployment_id: DeploymentId, config: DeploymentConfig, deps: Deps, caller: Admin, response: Response
+    deployment_id: DeploymentId,
+    config: DeploymentConfig,
+    deps: Deps,
+    session: SessionDep,
+    caller: Admin,
+    response: Response,
 ) -> DeploymentOut:
     """Create (201) or replace (200) the config; the answer lists the risk rules it violates.
 
     Engines or deploy pipelines call this at every rollout; the risk gauges are recomputed at once.
     """
-    async with session_scope(deps.sessions) as session:
-        row, created = await store.put(session, deployment_id, config, caller.key_id)
-        await audit.record(session, caller, "deployments.put", f"deployment:{deployment_id}", {"created": created})
+    row, created = await store.put(session, deployment_id, config, caller.key_id)
+    await audit.record(session, caller, "deployments.put", f"deployment:{deployment_id}", {"created": created})
+    await session.commit()  # before the risk gauges reload
     response.status_code = 201 if created else 200
     await deps.risk.refresh_quietly()
     return _out(row, deps.risk.rules)
@@ -61,6 +62,7 @@ async def put_deployment(
 @router.get("", response_model=DeploymentPage, responses=responses(Unauthorized, Forbidden, Invalid))
 async def list_deployments(
     deps: Deps,
+    session: SessionDep,
     _: Reader,
     at_risk: Annotated[bool | None, Query(description="Only deployments violating (or not) some rule.")] = None,
     rule: Annotated[str | None, Query(max_length=64, description="Only deployments violating this rule.")] = None,
@@ -70,8 +72,7 @@ async def list_deployments(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> DeploymentPage:
     """By id. Pass ``next_cursor`` back as ``cursor`` for the next page."""
-    async with session_scope(deps.sessions) as session:
-        rows = await store.after(session, cursor)
+    rows = await store.after(session, cursor)
     items: list[DeploymentOut] = []
     next_cursor = None
     for row in rows:
@@ -88,9 +89,8 @@ async def list_deployments(
 
 
 @router.get("/{deployment_id}", response_model=DeploymentOut, responses=responses(Unauthorized, Forbidden, NotFound))
-async def get_deployment(deployment_id: DeploymentId, deps: Deps, _: Reader) -> DeploymentOut:
-    async with session_scope(deps.sessions) as session:
-        row = await store.get(session, deployment_id)
+async def get_deployment(deployment_id: DeploymentId, deps: Deps, session: SessionDep, _: Reader) -> DeploymentOut:
+    row = await store.get(session, deployment_id)
     if row is None:
         raise NotFound(f"no deployment {deployment_id}")
     return _out(row, deps.risk.rules)

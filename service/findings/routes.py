@@ -2,13 +2,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Path, Query
 
 from service import audit, cursors
-from service.auth.deps import READERS, require
-from service.auth.keys import Caller
-from service.db import session_scope
-from service.deps import Deps
+from service.auth.deps import Reader
+from service.deps import Deps, SessionDep
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
 from service.findings import store
 from service.findings.schemas import FindingOut, FindingPage
@@ -16,12 +14,12 @@ from service.findings.severity import SeverityField
 from service.wire import Moment
 
 router = APIRouter(prefix="/v1/findings", tags=["findings"])
-Reader = Annotated[Caller, Depends(require(*READERS))]
 
 
 @router.get("", response_model=FindingPage, responses=responses(Unauthorized, Forbidden, Invalid))
 async def list_findings(
     deps: Deps,
+    session: SessionDep,
     caller: Reader,
     since: Annotated[Moment | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
     until: Annotated[Moment | None, Query(description="Detected before.")] = None,
@@ -37,27 +35,25 @@ async def list_findings(
         if value is not None and value.tzinfo is None:
             raise Invalid(f"{name}: give a timezone, e.g. 2026-12-02T10:00:00Z")
     filters = store.FindingFilter(since, until, recipient_tenant, source_tenant, model, severity)
-    async with session_scope(deps.sessions) as session:
-        rows, next_cursor = await store.page(session, filters, cursor, limit)
-        recorded = audit.filters(
-            since=since,
-            until=until,
-            recipient_tenant=recipient_tenant,
-            source_tenant=source_tenant,
-            model=model,
-            severity=severity,
-        )
-        await audit.record(
-            session, caller, "findings.list", "findings", {"filters": recorded, "ids": [r.id for r in rows]}
-        )
-        return FindingPage(items=[FindingOut.model_validate(r) for r in rows], next_cursor=next_cursor)
+    rows, next_cursor = await store.page(session, filters, cursor, limit)
+    recorded = audit.filters(
+        since=since,
+        until=until,
+        recipient_tenant=recipient_tenant,
+        source_tenant=source_tenant,
+        model=model,
+        severity=severity,
+    )
+    await audit.record(session, caller, "findings.list", "findings", {"filters": recorded, "ids": [r.id for r in rows]})
+    return FindingPage(items=[FindingOut.model_validate(r) for r in rows], next_cursor=next_cursor)
 
 
 @router.get("/{finding_id}", response_model=FindingOut, responses=responses(Unauthorized, Forbidden, NotFound))
-async def get_finding(deps: Deps, caller: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]) -> FindingOut:
-    async with session_scope(deps.sessions) as session:
-        row = await store.get(session, finding_id)
-        if row is None:
-            raise NotFound(f"no finding {finding_id}")
-        await audit.record(session, caller, "findings.read", f"finding:{finding_id}")
-        return FindingOut.model_validate(row)
+async def get_finding(
+    deps: Deps, session: SessionDep, caller: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]
+) -> FindingOut:
+    row = await store.get(session, finding_id)
+    if row is None:
+        raise NotFound(f"no finding {finding_id}")
+    await audit.record(session, caller, "findings.read", f"finding:{finding_id}")
+    return FindingOut.model_validate(row)

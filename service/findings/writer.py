@@ -121,9 +121,13 @@ class FindingsWriter:
         consumer: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dead_letter_seconds: float = 7 * 86400.0,
+        policy: grouping.Policy | None = None,
+        labels: metrics.Labels | None = None,
     ):
         self._dead_letter_seconds = dead_letter_seconds
         self._sessions = sessions
+        self._policy = policy or grouping.Policy()  # how findings join incidents, who hears of them
+        self._labels = labels or metrics.Labels()  # the caps on the model and node labels
         self.max_attempts = max_attempts
         self._attempts: dict[str, int] = {}  # held item id -> failed writes here; only items this process claimed
         self._outbox = outbox
@@ -160,10 +164,10 @@ class FindingsWriter:
                 if stored is not None:
                     finding_id, created = stored
                     written.append((draft, finding_id, created))
-                    await grouping.attach(session, finding_id, draft)
+                    await grouping.attach(session, finding_id, draft, self._policy)
         for draft, finding_id, new in written:
             if new:
-                metrics.record_finding(draft)
+                metrics.record_finding(draft, self._labels)
                 log.info("finding_created", extra={"finding_id": finding_id, "severity": draft.severity})
         return written
 

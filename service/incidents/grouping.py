@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service.db import utcnow
 from service.findings.severity import SEVERITY_RANK
@@ -31,7 +31,6 @@ from service.webhooks.targets import Route
 if TYPE_CHECKING:
     from service.findings.draft import FindingDraft
 
-POLICY_KEY = "bleedwatch.incidents"
 SYSTEM_ACTOR = "bleedwatch"
 ACTIVE = ("open", "acknowledged")
 _LOCK_NAMESPACE = b"bleedwatch.incident-group"
@@ -39,24 +38,16 @@ _LOCK_NAMESPACE = b"bleedwatch.incident-group"
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """How findings group and who is paged; built from settings in the lifespan and passed to each caller."""
+
     quiet_seconds: int = 3600
     # Who hears of incident events (service/webhooks/targets.py); empty = nobody, no outbox rows.
     routes: tuple[Route, ...] = ()
 
 
-def configure(sessions: async_sessionmaker[AsyncSession], policy: Policy) -> None:
-    """Every session of this sessionmaker groups findings with this policy (set once, in the lifespan)."""
-    sessions.configure(info={POLICY_KEY: policy})
-
-
-def policy_of(session: AsyncSession) -> Policy:
-    policy = session.info.get(POLICY_KEY)
-    return policy if isinstance(policy, Policy) else Policy()
-
-
-async def notify(session: AsyncSession, incident: Incident, event: str) -> None:
+async def notify(session: AsyncSession, incident: Incident, event: str, policy: Policy) -> None:
     """Queue ``event`` for the targets that want it, in this transaction (service/webhooks/outbox.py)."""
-    await outbox.enqueue(session, incident.id, incident.severity, event, policy_of(session).routes)
+    await outbox.enqueue(session, incident.id, incident.severity, event, policy.routes)
 
 
 def _group_key(model: str, deployment: str | None) -> int:
@@ -123,8 +114,11 @@ async def add_tenants(session: AsyncSession, incident_id: int, sides: set[tuple[
     await session.execute(insert(IncidentTenant).values(rows).on_conflict_do_nothing())
 
 
-async def attach(session: AsyncSession, finding_id: int, draft: FindingDraft) -> Incident:
-    """Put a created or extended finding into its incident; flushes, the caller's scope commits."""
+async def attach(session: AsyncSession, finding_id: int, draft: FindingDraft, policy: Policy) -> Incident:
+    """Put a created or extended finding into its incident; flushes, the caller's scope commits.
+
+    ``policy`` is passed by the caller (the lifespan builds it from settings) so no session carries hidden state.
+    """
     link = await session.get(IncidentFinding, finding_id)
     if link is not None:  # extended with more evidence: the incident may rise in severity
         incident = await session.get(Incident, link.incident_id)
@@ -136,13 +130,12 @@ async def attach(session: AsyncSession, finding_id: int, draft: FindingDraft) ->
             )
             if incident.severity != before:
                 event(session, incident.id, SYSTEM_ACTOR, "severity", before=before, after=incident.severity)
-                await notify(session, incident, outbox.INCIDENT_ESCALATED)
+                await notify(session, incident, outbox.INCIDENT_ESCALATED, policy)
             await add_tenants(session, incident.id, draft_tenants(draft))
             await session.flush()
             return incident
         await session.delete(link)
         await session.flush()
-    policy = policy_of(session)
     incident = await _joinable(session, draft, policy.quiet_seconds)
     now = utcnow()
     if incident is None:
@@ -161,13 +154,13 @@ async def attach(session: AsyncSession, finding_id: int, draft: FindingDraft) ->
         session.add(incident)
         await session.flush()
         event(session, incident.id, SYSTEM_ACTOR, "opened", finding_id=finding_id, severity=draft.severity)
-        await notify(session, incident, outbox.INCIDENT_OPENED)
+        await notify(session, incident, outbox.INCIDENT_OPENED, policy)
     else:
         before = incident.severity
         _absorb(incident, draft)
         if incident.severity != before:
             event(session, incident.id, SYSTEM_ACTOR, "severity", before=before, after=incident.severity)
-            await notify(session, incident, outbox.INCIDENT_ESCALATED)
+            await notify(session, incident, outbox.INCIDENT_ESCALATED, policy)
     incident.finding_count += 1
     session.add(IncidentFinding(finding_id=finding_id, incident_id=incident.id, attached_at=now, false_positive=False))
     event(session, incident.id, SYSTEM_ACTOR, "finding_added", finding_id=finding_id, severity=draft.severity)

@@ -3,15 +3,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from service import audit, cursors
 from service.audit.log import filters
-from service.auth.deps import READERS, require
-from service.auth.keys import Caller, Role
-from service.db import session_scope
-from service.deps import AppDeps, Deps
+from service.auth.deps import Reader, Triage
+from service.auth.keys import Caller
+from service.deps import AppDeps, Deps, SessionDep
 from service.errors import Conflict, Invalid, NotFound, common_responses, responses
 from service.findings.severity import SeverityField
 from service.incidents import impact, store
@@ -31,8 +31,6 @@ from service.incidents.schemas import (
 from service.wire import Moment
 
 router = APIRouter(prefix="/v1/incidents", tags=["incidents"], responses=common_responses())
-Reader = Annotated[Caller, Depends(require(*READERS))]
-Triage = Annotated[Caller, Depends(require(Role.TRIAGE, Role.ADMIN))]
 IncidentId = Annotated[int, Path(ge=1, lt=2**63)]
 CSV: dict[int | str, dict[str, Any]] = {
     200: {
@@ -58,6 +56,7 @@ async def _incident(session: Any, incident_id: int) -> Incident:
 @router.get("", response_model=IncidentPage, summary="Incidents, filtered and sorted")
 async def list_incidents(
     deps: Deps,
+    session: SessionDep,
     caller: Reader,
     status: Status | None = None,
     severity: SeverityField | None = None,
@@ -74,31 +73,29 @@ async def list_incidents(
     """Pass ``next_cursor`` back as ``cursor`` (with the same sort and order) for the next page."""
     _aware(since=since, until=until)
     f = store.IncidentFilter(status.value if status else None, severity, model, deployment, tenant, since, until)
-    async with session_scope(deps.sessions) as session:
-        rows, next_cursor = await store.page(session, f, sort, order, cursor, limit)
-        tenants = await store.tenants_of(session, [r.id for r in rows])
-        await audit.record(
-            session,
-            caller,
-            "incidents.list",
-            "incidents",
-            {
-                "filters": filters(
-                    status=status, severity=severity, model=model, deployment=deployment, tenant=tenant, since=since
-                ),
-                "ids": [r.id for r in rows],
-            },
-        )
-        return IncidentPage(items=[store.to_out(r, tenants[r.id]) for r in rows], next_cursor=next_cursor)
+    rows, next_cursor = await store.page(session, f, sort, order, cursor, limit)
+    tenants = await store.tenants_of(session, [r.id for r in rows])
+    await audit.record(
+        session,
+        caller,
+        "incidents.list",
+        "incidents",
+        {
+            "filters": filters(
+                status=status, severity=severity, model=model, deployment=deployment, tenant=tenant, since=since
+            ),
+            "ids": [r.id for r in rows],
+        },
+    )
+    return IncidentPage(items=[store.to_out(r, tenants[r.id]) for r in rows], next_cursor=next_cursor)
 
 
 @router.get("/{incident_id}", response_model=IncidentDetail, responses=responses(NotFound), summary="One incident")
-async def get_incident(deps: Deps, caller: Reader, incident_id: IncidentId) -> IncidentDetail:
+async def get_incident(deps: Deps, session: SessionDep, caller: Reader, incident_id: IncidentId) -> IncidentDetail:
     """With a summary of each finding and the whole timeline (who changed what, when)."""
-    async with session_scope(deps.sessions) as session:
-        incident = await _incident(session, incident_id)
-        await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
-        return await store.detail(session, incident)
+    incident = await _incident(session, incident_id)
+    await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
+    return await store.detail(session, incident)
 
 
 @router.get(
@@ -110,6 +107,7 @@ async def get_incident(deps: Deps, caller: Reader, incident_id: IncidentId) -> I
 async def get_impact(
     request: Request,
     deps: Deps,
+    session: SessionDep,
     caller: Reader,
     incident_id: IncidentId,
     format: Annotated[Format | None, Query(description="csv: one row per leaked response.")] = None,
@@ -117,16 +115,15 @@ async def get_impact(
     """Source and recipient tenants, per pair the responses and their times; models, deployments, nodes;
     prompt lengths; and the deployment's engine integrity signals over the same time range."""
     as_csv = format == "csv" or (format is None and "text/csv" in request.headers.get("accept", ""))
-    async with session_scope(deps.sessions) as session:
-        incident = await _incident(session, incident_id)
-        report = await impact.report(session, incident)
-        await audit.record(
-            session,
-            caller,
-            "incidents.impact",
-            f"incident:{incident_id}",
-            {"format": "csv" if as_csv else "json", "responses": report.response_count},
-        )
+    incident = await _incident(session, incident_id)
+    report = await impact.report(session, incident)
+    await audit.record(
+        session,
+        caller,
+        "incidents.impact",
+        f"incident:{incident_id}",
+        {"format": "csv" if as_csv else "json", "responses": report.response_count},
+    )
     if as_csv:
         return Response(
             impact.to_csv(report),
@@ -142,26 +139,30 @@ async def get_impact(
     responses=responses(NotFound, Conflict),
     summary="Change an incident's status, assignee or notes",
 )
-async def patch_incident(deps: Deps, caller: Triage, incident_id: IncidentId, body: IncidentPatch) -> IncidentDetail:
+async def patch_incident(
+    deps: Deps, session: SessionDep, caller: Triage, incident_id: IncidentId, body: IncidentPatch
+) -> IncidentDetail:
     """open -> acknowledged -> resolved, or false_positive, which allowlists every finding's matched
     fingerprints (under its key id); back to open revokes those entries. Other steps are 409."""
-    return await change(deps, caller, incident_id, body)
+    return await change(deps, session, caller, incident_id, body)
 
 
-async def change(deps: AppDeps, caller: Caller, incident_id: int, body: IncidentPatch) -> IncidentDetail:
+async def change(
+    deps: AppDeps, session: AsyncSession, caller: Caller, incident_id: int, body: IncidentPatch
+) -> IncidentDetail:
     """A responder's change, audited, with the allowlist caches told: the API's PATCH and the UI's
     forms (service/ui/routes.py) both go through here, so they cannot drift apart."""
-    async with session_scope(deps.sessions) as session:
-        incident = await _incident(session, incident_id)
-        changed = await store.update(session, incident, body, caller.key_id)
-        await audit.record(
-            session,
-            caller,
-            "incidents.update",
-            f"incident:{incident_id}",
-            {"fields": sorted(body.model_fields_set), "status": incident.status},
-        )
-        result = await store.detail(session, incident)
+    incident = await _incident(session, incident_id)
+    changed = await store.update(session, incident, body, caller.key_id, deps.incident_policy)
+    await audit.record(
+        session,
+        caller,
+        "incidents.update",
+        f"incident:{incident_id}",
+        {"fields": sorted(body.model_fields_set), "status": incident.status},
+    )
+    result = await store.detail(session, incident)
+    await session.commit()  # before the caches and the open-incident gauges reload what changed
     for key_id in changed:
         deps.known.invalidate(key_id)
     await deps.incidents.refresh_quietly()
@@ -176,6 +177,7 @@ async def change(deps: AppDeps, caller: Caller, incident_id: int, body: Incident
 )
 async def patch_finding(
     deps: Deps,
+    session: SessionDep,
     caller: Triage,
     incident_id: IncidentId,
     finding_id: Annotated[int, Path(ge=1, lt=2**63)],
@@ -183,20 +185,20 @@ async def patch_finding(
 ) -> FindingTriage:
     """A false positive adds the fingerprints it matched to the allowlist of its key id (origin
     ``false_positive:finding:<id>``); false again revokes that entry."""
-    async with session_scope(deps.sessions) as session:
-        incident = await _incident(session, incident_id)
-        done = await store.set_finding_false_positive(session, incident, finding_id, body.false_positive, caller.key_id)
-        if done is None:
-            raise NotFound(f"no finding {finding_id} in incident {incident_id}")
-        finding, changed = done
-        await audit.record(
-            session,
-            caller,
-            "incidents.finding.update",
-            f"finding:{finding_id}",
-            {"incident_id": incident_id, "false_positive": body.false_positive},
-        )
-        result = FindingTriage(incident=await store.out(session, incident), finding=finding)
+    incident = await _incident(session, incident_id)
+    done = await store.set_finding_false_positive(session, incident, finding_id, body.false_positive, caller.key_id)
+    if done is None:
+        raise NotFound(f"no finding {finding_id} in incident {incident_id}")
+    finding, changed = done
+    await audit.record(
+        session,
+        caller,
+        "incidents.finding.update",
+        f"finding:{finding_id}",
+        {"incident_id": incident_id, "false_positive": body.false_positive},
+    )
+    result = FindingTriage(incident=await store.out(session, incident), finding=finding)
+    await session.commit()  # before the allowlist caches reload
     for key_id in changed:
         deps.known.invalidate(key_id)
     return result

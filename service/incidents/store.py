@@ -248,7 +248,9 @@ async def set_finding_false_positive(
     return None
 
 
-async def update(session: AsyncSession, incident: Incident, patch: IncidentPatch, by: str) -> set[str]:
+async def update(
+    session: AsyncSession, incident: Incident, patch: IncidentPatch, by: str, policy: grouping.Policy
+) -> set[str]:
     """Apply a responder's change; returns the key ids whose allowlist changed. 409 on a step not allowed."""
     fields = patch.model_fields_set
     changed: set[str] = set()
@@ -271,7 +273,7 @@ async def update(session: AsyncSession, incident: Incident, patch: IncidentPatch
         incident.status = after.value
         incident.closed_at = now if after in CLOSED else None
         grouping.event(session, incident.id, by, "status", before=before.value, after=after.value)
-        await grouping.notify(session, incident, STATUS_EVENTS[after])
+        await grouping.notify(session, incident, STATUS_EVENTS[after], policy)
         touched = True
     if "assignee" in fields and patch.assignee != incident.assignee:
         grouping.event(session, incident.id, by, "assignee", before=incident.assignee, after=patch.assignee)

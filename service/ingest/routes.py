@@ -1,16 +1,15 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
 from service import metrics
-from service.auth.deps import READERS, require
-from service.auth.keys import Caller, Role
-from service.deps import Deps
+from service.auth.deps import Ingest, Reader
+from service.deps import Deps, IndexDep
 from service.errors import (
     ApiError,
     Forbidden,
@@ -67,9 +66,7 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
         "requestBody": {"required": True, "content": {"application/json": {"schema": inline_refs(_request_schema())}}}
     },
 )
-async def ingest_exchanges(
-    request: Request, response: Response, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
-) -> IngestResult:
+async def ingest_exchanges(request: Request, response: Response, deps: Deps, caller: Ingest) -> IngestResult:
     """Answered 202 once the batch is durably queued, and by default once it is processed too.
 
     Each exchange has its result (``results``, in the batch's order): accepted, duplicate, or
@@ -117,10 +114,10 @@ async def ingest_exchanges(
     summary="Accepted batches waiting to be processed, held findings, and their dead letters",
     responses=responses(Unauthorized, Forbidden, Unavailable),
 )
-async def queue_status(deps: Deps, _: Annotated[Caller, Depends(require(*READERS))]) -> QueueStatus:
+async def queue_status(index: IndexDep, _: Reader) -> QueueStatus:
     """The queue every replica shares: ``queued`` 0 means everything accepted so far is processed;
     and the findings outbox, where findings wait while the database is away."""
-    queue, outbox = deps.index.queue(), deps.index.outbox()
+    queue, outbox = index.queue(), index.outbox()
     return QueueStatus(
         queued=await queue.size(),
         dead_letters=await queue.dead_size(),
@@ -140,13 +137,11 @@ def _prefers_async(values: list[str]) -> bool:
     summary="Report exchanges a gateway dropped before delivery",
     responses=responses(Unauthorized, Forbidden, Invalid, Unavailable),
 )
-async def report_drops(
-    report: DropReport, deps: Deps, caller: Annotated[Caller, Depends(require(Role.INGEST))]
-) -> DropResult:
+async def report_drops(report: DropReport, index: IndexDep, caller: Ingest) -> DropResult:
     """Feeds ``bleedwatch_sdk_dropped_exchanges_total``; idempotent on ``report_id``."""
     key = f"sdk-drops:{caller.key_id}:{report.report_id}"
-    if (await deps.index.done([key], time.time()))[0]:
+    if (await index.done([key], time.time()))[0]:
         return DropResult(counted=0)
     metrics.SDK_DROPPED.inc(report.count)
-    await deps.index.mark_done([key], time.time())
+    await index.mark_done([key], time.time())
     return DropResult(counted=report.count)

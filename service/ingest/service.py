@@ -95,7 +95,10 @@ class Ingestor:
         writer: FindingsWriter | None = None,
         queue_max_batches: int = 1_000,
         queue_max_bytes: int = 0,
+        labels: metrics.Labels | None = None,
     ) -> None:
+        # Shared with the findings writer, so an exchange's model series and its findings' agree.
+        self._labels = labels or metrics.Labels()
         self.queue_max_bytes = queue_max_bytes
         self._index = index
         self._queue = index.queue()
@@ -103,7 +106,7 @@ class Ingestor:
         self._matcher = matcher
         self._sessions = sessions
         self.limits = limits
-        self._writer = writer or FindingsWriter(sessions, index.outbox(), index.purged)
+        self._writer = writer or FindingsWriter(sessions, index.outbox(), index.purged, labels=self._labels)
 
     @tracing.traced("accept")
     async def accept(self, raw: Sequence[Exchange | dict[str, Any]], body: bytes, caller: Caller) -> Accepted:
@@ -348,7 +351,7 @@ class Ingestor:
         await self._index.mark_done([_idempotency_key(ex) for _, ex in fresh], now)
         metrics.EXCHANGES_INGESTED.inc(len(fresh))
         for i, _ in fresh:
-            metrics.record_exchange(metas[refs[i]], now)
+            metrics.record_exchange(metas[refs[i]], now, self._labels)
         for doc in docs:
             metrics.FINGERPRINTS_INGESTED.labels(kind_name(doc.kind)).inc(len(doc.values))
         return len(fresh), duplicates, created

@@ -1,21 +1,17 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
-from service.auth.deps import require
-from service.auth.keys import Caller, Role
+from service.auth.deps import Admin
 from service.config import Settings
-from service.db import session_scope
-from service.deps import Deps
+from service.deps import Deps, IndexDep, SessionDep
 from service.errors import common_responses
 from service.retention import jobs
 from service.retention.schemas import PurgeIn, PurgeResult
 
 router = APIRouter(prefix="/v1/tenants", tags=["retention"], responses=common_responses())
-Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 
 
 def index_note(settings: Settings) -> str:
@@ -37,13 +33,13 @@ NOT_PURGED = (
 
 
 @router.post("/purge", response_model=PurgeResult, summary="Delete everything held about one tenant")
-async def purge(deps: Deps, caller: Admin, body: PurgeIn) -> PurgeResult:
+async def purge(deps: Deps, session: SessionDep, index: IndexDep, caller: Admin, body: PurgeIn) -> PurgeResult:
     """Findings where the tenant is recipient or source, its place in other findings' evidence and in
     incidents (incidents left empty are deleted), and what the index holds about it (first, so that
     nothing in flight writes a finding after the database is purged). Audited, by tenant hash."""
-    index = await jobs.purge_tenant_index(deps.index, body.tenant, time.time())
-    async with session_scope(deps.sessions) as session:
-        purged = await jobs.purge_tenant(session, body.tenant, caller.key_id)
+    from_index = await jobs.purge_tenant_index(index, body.tenant, time.time())
+    purged = await jobs.purge_tenant(session, body.tenant, caller.key_id)
+    await session.commit()  # before the open-incident gauges reload
     await deps.incidents.refresh_quietly()
     return PurgeResult(
         tenant=body.tenant,
@@ -51,9 +47,9 @@ async def purge(deps: Deps, caller: Admin, body: PurgeIn) -> PurgeResult:
         findings_scrubbed=purged.findings_scrubbed,
         incidents_deleted=purged.incidents_deleted,
         incidents_updated=purged.incidents_updated,
-        documents_deleted=index.documents,
-        batches_rewritten=index.batches,
-        held_findings_removed=index.held_findings,
+        documents_deleted=from_index.documents,
+        batches_rewritten=from_index.batches,
+        held_findings_removed=from_index.held_findings,
         index=index_note(deps.settings),
         not_purged=NOT_PURGED,
     )

@@ -3,21 +3,17 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
 from service import cursors, metrics
-from service.auth.deps import READERS, require
-from service.auth.keys import Caller, Role
-from service.db import session_scope
-from service.deps import Deps
+from service.auth.deps import Ingest, Reader
+from service.deps import Deps, SessionDep
 from service.errors import Forbidden, Invalid, PayloadTooLarge, Unauthorized, Unavailable, responses
 from service.signals import store
 from service.signals.schemas import MAX_EVENTS, SignalBatch, SignalKind, SignalOut, SignalPage, SignalResult
 from service.wire import Moment
 
 router = APIRouter(prefix="/v1/signals", tags=["signals"])
-Reader = Annotated[Caller, Depends(require(*READERS))]
-Reporter = Annotated[Caller, Depends(require(Role.INGEST))]
 
 for _kind in SignalKind:  # every series exists at 0 before its first event
     metrics.ENGINE_SIGNALS.labels(_kind.value)
@@ -30,7 +26,7 @@ for _kind in SignalKind:  # every series exists at 0 before its first event
     summary="Report engine integrity events",
     responses=responses(Unauthorized, Forbidden, PayloadTooLarge, Invalid, Unavailable),
 )
-async def post_signals(batch: SignalBatch, deps: Deps, caller: Reporter) -> SignalResult:
+async def post_signals(batch: SignalBatch, deps: Deps, session: SessionDep, caller: Ingest) -> SignalResult:
     """Events an engine noticed itself, per deployment and node. Idempotent on ``event_id``.
 
     They describe shared infrastructure, not a tenant's traffic, so a key limited to tenants
@@ -46,8 +42,8 @@ async def post_signals(batch: SignalBatch, deps: Deps, caller: Reporter) -> Sign
             raise Invalid(f"events[{i}].ts: give a timezone (e.g. 2026-12-02T10:00:00Z) or epoch seconds")
         if event.ts.timestamp() > horizon:
             raise Invalid(f"events[{i}].ts: more than {deps.settings.max_future_seconds} s in the future")
-    async with session_scope(deps.sessions) as session:
-        stored = await store.insert(session, batch.events, caller.key_id)
+    stored = await store.insert(session, batch.events, caller.key_id)
+    await session.commit()  # counted once stored
     for kind, count in stored:
         metrics.ENGINE_SIGNALS.labels(kind).inc(count)
     return SignalResult(accepted=len(stored), duplicates=len(batch.events) - len(stored))
@@ -56,6 +52,7 @@ async def post_signals(batch: SignalBatch, deps: Deps, caller: Reporter) -> Sign
 @router.get("", response_model=SignalPage, responses=responses(Unauthorized, Forbidden, Invalid))
 async def list_signals(
     deps: Deps,
+    session: SessionDep,
     _: Reader,
     deployment: Annotated[str | None, Query(max_length=256)] = None,
     node: Annotated[str | None, Query(max_length=256)] = None,
@@ -70,6 +67,5 @@ async def list_signals(
         if value is not None and value.tzinfo is None:
             raise Invalid(f"{name}: give a timezone, e.g. 2026-12-02T10:00:00Z")
     filters = store.SignalFilter(deployment, node, kind.value if kind else None, since, until)
-    async with session_scope(deps.sessions) as session:
-        rows, next_cursor = await store.page(session, filters, cursor, limit)
-        return SignalPage(items=[SignalOut.model_validate(r) for r in rows], next_cursor=next_cursor)
+    rows, next_cursor = await store.page(session, filters, cursor, limit)
+    return SignalPage(items=[SignalOut.model_validate(r) for r in rows], next_cursor=next_cursor)

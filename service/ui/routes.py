@@ -33,8 +33,8 @@ from service.audit.log import filters
 from service.auth.deps import READERS
 from service.auth.gate import client_address
 from service.auth.keys import Caller, Role
-from service.db import DB_DOWN, session_scope
-from service.deps import AppDeps, Deps
+from service.db import DB_DOWN
+from service.deps import AppDeps, Deps, SessionDep
 from service.errors import ApiError, NotFound
 from service.findings.severity import Severity
 from service.incidents import impact, store
@@ -186,15 +186,14 @@ def _signin_page(
 
 
 @router.get("/signin")
-async def signin_form(request: Request, deps: Deps) -> Response:
-    async with session_scope(deps.sessions) as session:
-        if await sessions.caller(session, sessions.raw_cookie(request, deps.settings)) is not None:
-            return _see("/ui")
+async def signin_form(request: Request, deps: Deps, session: SessionDep) -> Response:
+    if await sessions.caller(session, sessions.raw_cookie(request, deps.settings)) is not None:
+        return _see("/ui")
     return _signin_page(request, deps)
 
 
 @router.post("/signin")
-async def signin(request: Request, deps: Deps) -> Response:
+async def signin(request: Request, deps: Deps, session: SessionDep) -> Response:
     """The key is verified like the API's (same cache, same per-address budget of failures), and
     never stored: the session row holds its id only."""
     form = await _form(request)
@@ -217,11 +216,10 @@ async def signin(request: Request, deps: Deps) -> Response:
         return _signin_page(request, deps, 401, "That API key is unknown or revoked.")
     if caller.role not in READERS:
         return _signin_page(request, deps, 403, f"A key with role '{caller.role.value}' cannot read incidents.")
-    async with session_scope(deps.sessions) as session:
-        if (previous := sessions.raw_cookie(request, deps.settings)) is not None:
-            await sessions.end(session, previous)  # a new sign-in replaces the browser's session, never adds one
-        raw = await sessions.create(session, deps.settings, caller)
-        await audit.record(session, caller, "ui.signin", "ui")
+    if (previous := sessions.raw_cookie(request, deps.settings)) is not None:
+        await sessions.end(session, previous)  # a new sign-in replaces the browser's session, never adds one
+    raw = await sessions.create(session, deps.settings, caller)
+    await audit.record(session, caller, "ui.signin", "ui")
     response = _see("/ui")
     settings = deps.settings
     sessions.set_cookie(response, settings, sessions.cookie_name(settings), raw, settings.ui_session_seconds)
@@ -230,17 +228,16 @@ async def signin(request: Request, deps: Deps) -> Response:
 
 
 @router.post("/signout")
-async def signout(request: Request, deps: Deps) -> Response:
+async def signout(request: Request, deps: Deps, session: SessionDep) -> Response:
     raw = sessions.raw_cookie(request, deps.settings)
     form = await _form(request)
-    async with session_scope(deps.sessions) as session:
-        caller = await sessions.caller(session, raw)
-        if caller is None or raw is None:
-            return _see("/ui/signin")
-        if form is None or not sessions.csrf_ok(sessions.csrf_token(raw), form.get("csrf")):
-            return _error(request, 403, "The form is missing its CSRF token; reload the page and retry.")
-        await sessions.end(session, raw)
-        await audit.record(session, caller, "ui.signout", "ui")
+    caller = await sessions.caller(session, raw)
+    if caller is None or raw is None:
+        return _see("/ui/signin")
+    if form is None or not sessions.csrf_ok(sessions.csrf_token(raw), form.get("csrf")):
+        return _error(request, 403, "The form is missing its CSRF token; reload the page and retry.")
+    await sessions.end(session, raw)
+    await audit.record(session, caller, "ui.signout", "ui")
     response = _see("/ui/signin")
     sessions.clear_cookie(response, deps.settings, sessions.cookie_name(deps.settings))
     return response
@@ -250,7 +247,7 @@ async def signout(request: Request, deps: Deps) -> Response:
 
 
 @router.get("")
-async def incidents(request: Request, deps: Deps) -> Response:
+async def incidents(request: Request, deps: Deps, session: SessionDep) -> Response:
     """Incidents, newest leak first; ``status`` is ``open`` unless the filter says otherwise."""
     q = request.query_params
     status = q.get("status", Status.OPEN.value)
@@ -266,38 +263,37 @@ async def incidents(request: Request, deps: Deps) -> Response:
             problems.append(f"{name}: at most {limit} characters")
     if cursor is not None and not cursors_ok(cursor):
         problems.append("cursor: not one this page gave")
-    async with session_scope(deps.sessions) as session:
-        who = await _signed_in(request, deps, session)
-        if isinstance(who, Response):
-            return who
-        if problems:
-            return _error(request, 400, "; ".join(problems), who)
-        f = store.IncidentFilter(
-            None if status == "all" else status,
-            values["severity"],
-            values["model"],
-            values["deployment"],
-            values["tenant"],
-        )
-        rows, next_cursor = await store.page(session, f, "last_seen_at", "desc", cursor, PAGE_SIZE)
-        tenants = await store.tenants_of(session, [r.id for r in rows])
-        await audit.record(
-            session,
-            who[0],
-            "incidents.list",
-            "incidents",
-            {
-                "filters": filters(
-                    status=None if status == "all" else Status(status),
-                    severity=values["severity"],
-                    model=values["model"],
-                    deployment=values["deployment"],
-                    tenant=values["tenant"],
-                ),
-                "ids": [r.id for r in rows],
-            },
-        )
-        items = [store.to_out(r, tenants[r.id]) for r in rows]
+    who = await _signed_in(request, deps, session)
+    if isinstance(who, Response):
+        return who
+    if problems:
+        return _error(request, 400, "; ".join(problems), who)
+    f = store.IncidentFilter(
+        None if status == "all" else status,
+        values["severity"],
+        values["model"],
+        values["deployment"],
+        values["tenant"],
+    )
+    rows, next_cursor = await store.page(session, f, "last_seen_at", "desc", cursor, PAGE_SIZE)
+    tenants = await store.tenants_of(session, [r.id for r in rows])
+    await audit.record(
+        session,
+        who[0],
+        "incidents.list",
+        "incidents",
+        {
+            "filters": filters(
+                status=None if status == "all" else Status(status),
+                severity=values["severity"],
+                model=values["model"],
+                deployment=values["deployment"],
+                tenant=values["tenant"],
+            ),
+            "ids": [r.id for r in rows],
+        },
+    )
+    items = [store.to_out(r, tenants[r.id]) for r in rows]
     kept = {"status": status} | {k: v for k, v in values.items() if v is not None}
     more = f"/ui?{urlencode(kept | {'cursor': next_cursor})}" if next_cursor else None
     return _page(
@@ -321,32 +317,31 @@ def cursors_ok(cursor: str) -> bool:
 
 
 @router.get("/incidents/{incident_id}")
-async def incident_page(request: Request, deps: Deps, incident_id: IncidentId) -> Response:
+async def incident_page(request: Request, deps: Deps, session: SessionDep, incident_id: IncidentId) -> Response:
     """Reads what GET /v1/incidents/{id}, GET /v1/findings/{id} (each finding drawn) and the impact
     report read, and records the same audit entries (the impact one with ``format: html``)."""
-    async with session_scope(deps.sessions) as session:
-        who = await _signed_in(request, deps, session)
-        if isinstance(who, Response):
-            return who
-        caller = who[0]
-        incident = await store.get(session, incident_id)
-        if incident is None:
-            return _error(request, 404, f"no incident {incident_id}", who)
-        await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
-        detail = await store.detail(session, incident)
-        found = await store.findings_of(session, incident_id)
-        drawn = []
-        for finding, link in found[:MAX_DRAWN]:
-            await audit.record(session, caller, "findings.read", f"finding:{finding.id}")
-            drawn.append((store.summary(finding, link), finding, evidence.drawing(finding)))
-        report = await impact.report(session, incident)
-        await audit.record(
-            session,
-            caller,
-            "incidents.impact",
-            f"incident:{incident_id}",
-            {"format": "html", "responses": report.response_count},
-        )
+    who = await _signed_in(request, deps, session)
+    if isinstance(who, Response):
+        return who
+    caller = who[0]
+    incident = await store.get(session, incident_id)
+    if incident is None:
+        return _error(request, 404, f"no incident {incident_id}", who)
+    await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
+    detail = await store.detail(session, incident)
+    found = await store.findings_of(session, incident_id)
+    drawn = []
+    for finding, link in found[:MAX_DRAWN]:
+        await audit.record(session, caller, "findings.read", f"finding:{finding.id}")
+        drawn.append((store.summary(finding, link), finding, evidence.drawing(finding)))
+    report = await impact.report(session, incident)
+    await audit.record(
+        session,
+        caller,
+        "incidents.impact",
+        f"incident:{incident_id}",
+        {"format": "html", "responses": report.response_count},
+    )
     current = Status(detail.status)
     done = request.query_params.get("done")
     return _page(
@@ -372,23 +367,22 @@ def _when(value: datetime | None) -> str:
 
 
 @router.get("/incidents/{incident_id}/impact.csv")
-async def impact_csv(request: Request, deps: Deps, incident_id: IncidentId) -> Response:
+async def impact_csv(request: Request, deps: Deps, session: SessionDep, incident_id: IncidentId) -> Response:
     """The same CSV, and the same audit entry, as GET /v1/incidents/{id}/impact?format=csv."""
-    async with session_scope(deps.sessions) as session:
-        who = await _signed_in(request, deps, session)
-        if isinstance(who, Response):
-            return who
-        incident = await store.get(session, incident_id)
-        if incident is None:
-            return _error(request, 404, f"no incident {incident_id}", who)
-        report = await impact.report(session, incident)
-        await audit.record(
-            session,
-            who[0],
-            "incidents.impact",
-            f"incident:{incident_id}",
-            {"format": "csv", "responses": report.response_count},
-        )
+    who = await _signed_in(request, deps, session)
+    if isinstance(who, Response):
+        return who
+    incident = await store.get(session, incident_id)
+    if incident is None:
+        return _error(request, 404, f"no incident {incident_id}", who)
+    report = await impact.report(session, incident)
+    await audit.record(
+        session,
+        who[0],
+        "incidents.impact",
+        f"incident:{incident_id}",
+        {"format": "csv", "responses": report.response_count},
+    )
     return Response(
         impact.to_csv(report),
         media_type="text/csv; charset=utf-8",
@@ -399,11 +393,11 @@ async def impact_csv(request: Request, deps: Deps, incident_id: IncidentId) -> R
 # --- actions ----------------------------------------------------------------------------------
 
 
-async def _act(request: Request, deps: AppDeps, incident_id: int, field: str) -> Response:
+async def _act(request: Request, deps: AppDeps, session: AsyncSession, incident_id: int, field: str) -> Response:
     """One form: CSRF first, then the role, then exactly what PATCH /v1/incidents/{id} does."""
     form = await _form(request)
-    async with session_scope(deps.sessions) as session:
-        who = await _signed_in(request, deps, session)
+    who = await _signed_in(request, deps, session)
+    await session.commit()  # the sign-in check stands on its own, whatever becomes of the change
     if isinstance(who, Response):
         return who
     caller, csrf = who
@@ -420,28 +414,30 @@ async def _act(request: Request, deps: AppDeps, incident_id: int, field: str) ->
         first = exc.errors()[0]
         return _error(request, 400, f"{field}: {first['msg']}", who)
     try:
-        await change(deps, caller, incident_id, body)
+        await change(deps, session, caller, incident_id, body)
     except NotFound as exc:
+        await session.rollback()  # answered with a page, not raised: undo the refused change here
         return _error(request, 404, exc.detail, who)
     except ApiError as exc:
+        await session.rollback()
         return _error(request, exc.status, exc.detail, who)
     return _see(f"/ui/incidents/{incident_id}?done={field}")
 
 
 @router.post("/incidents/{incident_id}/status")
-async def set_status(request: Request, deps: Deps, incident_id: IncidentId) -> Response:
+async def set_status(request: Request, deps: Deps, session: SessionDep, incident_id: IncidentId) -> Response:
     """Acknowledge, resolve, false positive (which allowlists what the findings matched), or reopen."""
-    return await _act(request, deps, incident_id, "status")
+    return await _act(request, deps, session, incident_id, "status")
 
 
 @router.post("/incidents/{incident_id}/assignee")
-async def set_assignee(request: Request, deps: Deps, incident_id: IncidentId) -> Response:
-    return await _act(request, deps, incident_id, "assignee")
+async def set_assignee(request: Request, deps: Deps, session: SessionDep, incident_id: IncidentId) -> Response:
+    return await _act(request, deps, session, incident_id, "assignee")
 
 
 @router.post("/incidents/{incident_id}/notes")
-async def set_notes(request: Request, deps: Deps, incident_id: IncidentId) -> Response:
-    return await _act(request, deps, incident_id, "notes")
+async def set_notes(request: Request, deps: Deps, session: SessionDep, incident_id: IncidentId) -> Response:
+    return await _act(request, deps, session, incident_id, "notes")
 
 
 @router.get("/static/ui.css")
