@@ -145,7 +145,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]], public: list[list[st
         "false_positives": len(false),
         "false_positives_per_10k_clean": 10_000 * clean_fp / traffic.clean,
         "false_of_public_text": of_public,  # quotes of the public text the traffic quotes, which the bundle lacks
-        "false_by_severity": dict(Counter(f["severity"] for f in false)),
+        "false_by_severity": dict(Counter(str(f["severity"]) for f in false)),
         "right_source": right_source / detected if detected else 1.0,
         "exact_source_request": exact_request / right_source if right_source else 1.0,
         "false_findings": [
