@@ -357,7 +357,7 @@ class RedisIndex:
         ttl, gen = self._window.ttl_seconds, self._window.current(now)
         encoded = {ref: encode_doc(meta, gen) for ref, meta in docs.items()}
         async with self._r.pipeline(transaction=False) as pipe:
-            for ref, value in encoded.items():  # written only where there is none: one round trip as before
+            for ref, value in encoded.items():  # written only where there is none
                 pipe.set(self._keys.doc(key_id, ref), value, ex=ttl, nx=True, get=True)
             metrics.REDIS_ROUND_TRIPS.inc()
             held = await pipe.execute()
