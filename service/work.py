@@ -8,7 +8,7 @@ same Redis and database: they share the queue's consumer group, so each batch go
 them, and a batch whose worker died is reclaimed by another (service/ingest/worker.py).
 
 The process has no API. It listens on ``BLEEDWATCH_WORK_PORT`` for ``/metrics`` (the ingest,
-matching and queue metrics come from here, no longer from the API replicas) and ``/healthz``,
+matching and queue metrics come from here, not from the API replicas) and ``/healthz``,
 ``/readyz``. SIGTERM finishes the batches in hand; what it has not taken stays queued.
 """
 

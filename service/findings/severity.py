@@ -1,5 +1,5 @@
 """How bad a finding is, in one place: matching decides it, metrics label by it, incidents rank by
-it, paging filters on it, the API and the UI show it. Each used to spell the three words itself.
+it, paging filters on it, the API and the UI show it.
 
 A ``StrEnum`` so the value is the word everywhere it is stored or sent (database, JSON, metric
 labels): nothing on the wire changes.

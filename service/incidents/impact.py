@@ -26,7 +26,8 @@ from service.signals.schemas import SignalOut
 
 SIGNAL_MARGIN_SECONDS = 300
 MAX_SIGNALS = 500
-# Recipient prompt length buckets (tokens, binary k/M): the incident's leaks were all over 681,280.
+# Recipient prompt length buckets (tokens, binary k/M): leaks past a KV pool's size show up at the top
+# (docs/deployment-risk.md).
 BUCKETS = (
     ("<32k", 0, 32 * 1024),
     ("32k-128k", 32 * 1024, 128 * 1024),

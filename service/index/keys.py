@@ -28,30 +28,11 @@ Each ingest queue shard has a hash tag of its own, so on a cluster the shards' s
 over the slots (and so the nodes), while a shard's stream, dead letters and results stay
 together for its transactions.
 
-Index hashes (``ix2``). With ``b`` = ``BLEEDWATCH_INDEX_BUCKET_BITS``, the first ``b`` bits of a
-fingerprint name its hash: 8 bits the shard, the next ``b - 8`` the bucket. The field is the
-fingerprint without the ``b // 8`` leading bytes the key already implies (6 bytes at b = 16), so
-nothing is stored twice and nothing is truncated. The value is ``*`` once the fingerprint is
-common, else one entry per tenant::
-
-    varint(tenant * 4 + kinds) . doc ref (u32, big-endian) . varint(token offset)
-
-``varint`` is 7 bits a byte, low bits first, the high bit set on every byte but the last: tenant
-refs and offsets are small (1-3 bytes), doc refs are not and take a fixed 4. A typical entry is
-8 bytes, against 13 in the first layout (``ix``). Hashes stay small enough for Redis' compact
-listpack encoding when a bucket holds at most ``hash-max-listpack-entries`` fields and a value at
-most ``hash-max-listpack-value`` bytes; docs/capacity.md says how to size both. The bucket is
-named by its raw bytes (one at b = 16), not by a decimal number.
-
-Presence filters (``f``). A listpack is searched front to back, and most fingerprints are new:
-reading every live generation's bucket for each one is most of Redis' work. So each shard and
-generation has a bitmap of ``FILTER_BITS_PER_BUCKET`` bits per bucket, one of which, picked by
-the fingerprint (its value modulo that number), is set whenever a field is written. A clear bit
-proves the field is absent and its read is skipped; a set bit is read as before, so answers are
-exactly those without the filter. The bitmap costs
-``FILTER_BITS_PER_BUCKET / 8`` = 63 bytes per bucket (under one byte per fingerprint at ~80
-fields a bucket), is allocated once at its exact size, and expires with the buckets, at the
-same second (``Window.expires_at``).
+Index hashes (``ix2``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
+shard and bucket; the field is the rest of the fingerprint, the value ``*`` once it is common, else
+one ``varint(tenant * 4 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant. Each
+shard and generation also has a presence filter bitmap, so the common case (a new fingerprint)
+skips the bucket read. Sizes and Redis settings: docs/capacity.md.
 """
 
 from __future__ import annotations

@@ -42,9 +42,8 @@ from service.index.queue import RedisQueue, ShardedQueue
 from service.index.window import Window
 
 # A single Redis runs consecutive shards in one Lua call, up to this many records: few round
-# trips for small batches, and no call holds the server for more than ~5 ms, so the ingest
-# queue's XADD (the gateway's answer) never waits long behind the index work (2048: p99 117 ms
-# at half the maximum rate, 512: 28 ms, at the same throughput; docs/performance.md).
+# trips, yet no call holds the server long enough to delay the ingest queue's XADD (the
+# gateway's answer) behind index work (docs/performance.md).
 RECORDS_PER_CALL = 512
 # Tenant name -> ref entries kept per process by default (BLEEDWATCH_TENANT_CACHE_SIZE); about 150 bytes each.
 DEFAULT_TENANT_CACHE_SIZE = 100_000
@@ -358,7 +357,7 @@ class RedisIndex:
         ttl, gen = self._window.ttl_seconds, self._window.current(now)
         encoded = {ref: encode_doc(meta, gen) for ref, meta in docs.items()}
         async with self._r.pipeline(transaction=False) as pipe:
-            for ref, value in encoded.items():  # written only where there is none: one round trip as before
+            for ref, value in encoded.items():  # written only where there is none
                 pipe.set(self._keys.doc(key_id, ref), value, ex=ttl, nx=True, get=True)
             metrics.REDIS_ROUND_TRIPS.inc()
             held = await pipe.execute()

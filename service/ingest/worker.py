@@ -1,8 +1,7 @@
 """Every replica's ingest workers: take accepted batches from the queue, process them, finish them.
 
 The gateway is answered once its batch is durably queued, so its wait is one Redis write
-whatever the batch holds; a batch carrying a long-context prompt (20,000 fingerprints, half a
-second of index and match work on one Redis) no longer holds up the small batches behind it.
+whatever the batch holds, and a long-context batch does not hold up the small ones behind it.
 
 A batch is finished (removed from the queue) only after it is processed. Until then it stays
 in the queue's pending list: while Redis or the database is unreachable its worker retries it;

@@ -54,7 +54,7 @@ class TapSettings(BaseSettings):
     bleedwatch_api_key: SecretStr = Field(validation_alias=AliasChoices("BLEEDWATCH_API_KEY", "bleedwatch_api_key"))
     fingerprint_key: SecretStr = Field(validation_alias=AliasChoices("BLEEDWATCH_FINGERPRINT_KEY", "fingerprint_key"))
     # Processes that read and fingerprint relayed answers; 0 = a thread of the tap's own process, where the
-    # hashing shares the relaying's GIL. One process fingerprints ~400 chat exchanges of a few hundred words a second.
+    # hashing shares the relaying's GIL. Throughput per process: docs/performance.md, "The tap".
     fingerprint_workers: int = Field(1, ge=0, le=64)
     # Relayed exchanges waiting to be fingerprinted; past it they are skipped and counted (backlog_full).
     max_backlog: int = Field(10_000, ge=1)

@@ -1,11 +1,8 @@
 """The tap's side towards the engine: a small HTTP/1.1 client that hands bytes on as they arrive.
 
-Why not httpx here: at a few hundred streams in flight its connection pool scans every
-connection for each request and h11 parses each chunk in pure Python; measured with
-``bench/tap.py``, the tap spent more of its CPU there than everywhere else together. The tap
-needs far less than a general client: one origin, kept-alive connections, the status line and
-headers as bytes, and the body as the engine frames it (Content-Length, chunked, or until the
-connection closes), each piece handed on the moment it is read. That is this module.
+Not httpx: with hundreds of streams in flight its pool and h11 cost the tap more CPU than all
+else (docs/performance.md, "The tap"). The tap needs only one origin, kept-alive connections,
+and each body piece handed on the moment it is read.
 
 ``HttpxUpstream`` gives the same interface over an httpx transport, for tests that run the
 engine in the test's own event loop (``httpx.ASGITransport``).
@@ -67,9 +64,8 @@ _ERRORS = (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOver
 class Http11Upstream:
     """Kept-alive HTTP/1.1 connections to one origin (``http://`` or ``https://``, with an optional path prefix).
 
-    Read timeouts are a deadline on each connection, moved on at every read, and one watchdog
-    task that aborts the connections past theirs: a timer per read (``asyncio.timeout``) cost the
-    tap more CPU than its reading.
+    Read timeouts are a per-connection deadline checked by one watchdog task, not a timer per
+    read, which cost more CPU than the reading (docs/performance.md).
     """
 
     def __init__(self, url: str, *, connect_seconds: float, read_seconds: float, max_idle: int) -> None:
