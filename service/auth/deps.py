@@ -1,6 +1,6 @@
 """The roles each route accepts; the key itself was verified by ``service/auth/gate.py``.
 
-``Reader``, ``Triage``, ``Admin``, ``Ingest`` and ``CallerDep`` (any role) are the annotations
+``Reader``, ``Triage``, ``Admin`` and ``Ingest`` are the annotations
 routes declare, defined once so two routes cannot spell the same role set differently.
 """
 
@@ -15,7 +15,7 @@ from service.auth.gate import CALLER, ROLES_ATTRIBUTE, authenticate, forbidden
 from service.auth.keys import Caller, Role
 
 READERS = (Role.READ, Role.TRIAGE, Role.ADMIN)
-__all__ = ["READERS", "ROLES_ATTRIBUTE", "Admin", "CallerDep", "Ingest", "Reader", "Triage", "require"]
+__all__ = ["READERS", "ROLES_ATTRIBUTE", "Admin", "Ingest", "Reader", "Triage", "require"]
 
 
 def require(*roles: Role) -> Callable[[Request], Awaitable[Caller]]:
@@ -40,4 +40,3 @@ Reader = Annotated[Caller, Depends(require(*READERS))]
 Triage = Annotated[Caller, Depends(require(Role.TRIAGE, Role.ADMIN))]
 Admin = Annotated[Caller, Depends(require(Role.ADMIN))]
 Ingest = Annotated[Caller, Depends(require(Role.INGEST))]
-CallerDep = Annotated[Caller, Depends(require(*Role))]
