@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -82,9 +83,11 @@ def test_drafts_round_trip_through_the_outbox_encoding() -> None:
 
 
 def test_a_draft_held_before_longest_run_tokens_was_named_so_still_decodes() -> None:
-    draft = _draft("r-old")
+    draft = dataclasses.replace(_draft("r-old"), evidence={"sources": [{"tenant": "a", "longest_run_tokens": 44}]})
     held = orjson.loads(encode_draft(draft))
     held["draft"]["longest_run_words"] = held["draft"].pop("longest_run_tokens")
+    source = held["draft"]["evidence"]["sources"][0]
+    source["longest_run_words"] = source.pop("longest_run_tokens")
     assert decode_draft(orjson.dumps(held)) == draft
 
 

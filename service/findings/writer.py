@@ -77,9 +77,18 @@ def encode_draft(draft: FindingDraft) -> bytes:
 _RENAMED = {"longest_run_words": "longest_run_tokens"}
 
 
+def _renamed(fields: dict[str, Any]) -> dict[str, Any]:
+    return {_RENAMED.get(k, k): v for k, v in fields.items()}
+
+
 def decode_draft(raw: bytes) -> FindingDraft:
-    data: dict[str, Any] = orjson.loads(raw)["draft"]
-    data = {_RENAMED.get(k, k): v for k, v in data.items()}
+    data: dict[str, Any] = _renamed(orjson.loads(raw)["draft"])
+    evidence = data.get("evidence")
+    if isinstance(evidence, dict) and isinstance(evidence.get("sources"), list):
+        data["evidence"] = {
+            **evidence,
+            "sources": [_renamed(s) if isinstance(s, dict) else s for s in evidence["sources"]],
+        }
     values: dict[str, Any] = {
         k: (datetime.fromisoformat(v) if k in _DATETIMES else v) for k, v in data.items() if k in _FIELDS
     }
