@@ -230,6 +230,11 @@ TENANT_CACHE_EVICTIONS = Counter("bleedwatch_tenant_cache_evictions_total", "Ten
 INDEX_ITEMS = Gauge("bleedwatch_index_items", "Items in the index.", multiprocess_mode="mostrecent")
 # Memory the index uses: Redis used_memory, or an estimate for the in-process index.
 INDEX_MEMORY = Gauge("bleedwatch_index_memory_bytes", "Memory used by the index.", multiprocess_mode="mostrecent")
+# What Redis may use before it refuses writes (noeviction): maxmemory summed over the primaries, read
+# with INDEX_MEMORY; 0 when a primary has none (unbounded) and for the in-process index.
+INDEX_MEMORY_MAX = Gauge(
+    "bleedwatch_index_memory_max_bytes", "Memory limit of the index (Redis maxmemory).", multiprocess_mode="mostrecent"
+)
 # 1 when the Redis in use keeps what was answered 202 (AOF on, maxmemory-policy noeviction, every node), else 0.
 REDIS_PERSISTENCE_OK = Gauge(
     "bleedwatch_redis_persistence_ok",
@@ -402,6 +407,7 @@ def instrument_engine(engine: AsyncEngine) -> None:
 class IndexStats:
     items: int
     memory_bytes: int
+    memory_max_bytes: int = 0  # Redis maxmemory (summed over primaries); 0: no limit, or in-process
 
 
 @runtime_checkable
@@ -427,7 +433,7 @@ class ReportsDurability(Protocol):
 
 
 class IndexStatsCache:
-    """Index size and memory for /metrics, asked of the backend at most every ``max_age_seconds``.
+    """Index size, memory and its limit for /metrics, asked of the backend at most every ``max_age_seconds``.
 
     Two cheap calls for Redis (DBSIZE, INFO memory) under a short timeout, never a SCAN.
     """
@@ -449,6 +455,7 @@ class IndexStatsCache:
             return
         INDEX_ITEMS.set(stats.items)
         INDEX_MEMORY.set(stats.memory_bytes)
+        INDEX_MEMORY_MAX.set(stats.memory_max_bytes)
         if isinstance(index, ReportsDurability):
             try:
                 durability = await asyncio.wait_for(index.durability(), self.timeout_seconds)

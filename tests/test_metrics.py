@@ -19,6 +19,7 @@ from service.auth.keys import Role
 from service.config import Settings
 from service.findings.draft import FindingDraft
 from service.index.base import Index
+from service.index.redis_index import RedisIndex
 from service.signals.schemas import SignalKind
 from tests.conftest import Api
 from tests.observability import documented_metrics, exported_names
@@ -223,6 +224,8 @@ async def test_ingest_feeds_metrics_without_tenant_data(
     assert 'bleedwatch_findings_by_model_total{model="m-1m",severity="high"}' in body
     assert _value("bleedwatch_index_items") > 0
     assert _value("bleedwatch_index_memory_bytes") > 0
+    assert "\nbleedwatch_index_memory_max_bytes " in body  # Redis maxmemory (tests/test_redis_index.py)
+    assert _value("bleedwatch_index_memory_max_bytes") == 0 or not settings.embedded
     assert _value("bleedwatch_retention_seconds") == settings.retention_seconds
     for secret in ("tenant-a", "tenant-b", "r-a", "r-b"):
         assert f'"{secret}"' not in body
@@ -233,6 +236,9 @@ async def test_index_stats_are_cached_between_scrapes(index: Index) -> None:
     stats = await index.stats()
     assert stats.items >= 0
     assert stats.memory_bytes >= 0
+    assert stats.memory_max_bytes >= 0
+    if not isinstance(index, RedisIndex):
+        assert stats.memory_max_bytes == 0  # the in-process index has no limit to alert on
     cache = metrics.IndexStatsCache(max_age_seconds=3600)
     calls = 0
 

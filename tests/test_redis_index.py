@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import redis.asyncio
+from prometheus_client import REGISTRY
 
 from service import metrics
 from service.config import Settings
@@ -178,3 +179,41 @@ async def test_every_index_key_expires_with_its_generation(settings: Settings, b
         assert all(0 < t <= index._window.ttl_seconds for t in ttls)
     finally:
         await index.close()
+
+
+async def primaries(index: RedisIndex, settings: Settings) -> list[redis.asyncio.Redis]:
+    """One client per primary (the single node, or every cluster master), each over its own connection."""
+    client = index.client
+    if not isinstance(client, redis.asyncio.RedisCluster):
+        assert settings.redis_url is not None
+        return [redis.asyncio.Redis.from_url(settings.redis_url)]
+    await client.initialize()
+    return [redis.asyncio.Redis(host=n.host, port=int(n.port)) for n in client.get_primaries()]
+
+
+async def test_stats_read_maxmemory_of_every_primary_with_the_memory(index: Index, settings: Settings) -> None:
+    """bleedwatch_index_memory_max_bytes: maxmemory summed over the primaries, from the same INFO memory
+    (still two round trips); 0 while any primary has none, since the ratio would then mean nothing."""
+    r = redis_of(index)
+    nodes = await primaries(r, settings)
+    try:
+        before = [int((await n.info("memory"))["maxmemory"]) for n in nodes]
+        used = [int((await n.info("memory"))["used_memory"]) for n in nodes]
+        limits = [u + (1 << 30) * (i + 1) for i, u in enumerate(used)]  # far above use: writes still pass
+        try:
+            for node, limit in zip(nodes, limits, strict=True):
+                await node.config_set("maxmemory", limit)
+            trips = REGISTRY.get_sample_value("bleedwatch_backend_round_trips_total", {"backend": "redis"})
+            stats = await r.stats()
+            after = REGISTRY.get_sample_value("bleedwatch_backend_round_trips_total", {"backend": "redis"})
+            assert stats.memory_max_bytes == sum(limits)
+            assert 0 < stats.memory_bytes < stats.memory_max_bytes
+            assert (after or 0) - (trips or 0) == 2
+            await nodes[-1].config_set("maxmemory", 0)
+            assert (await r.stats()).memory_max_bytes == 0
+        finally:
+            for node, limit in zip(nodes, before, strict=True):
+                await node.config_set("maxmemory", limit)
+    finally:
+        for node in nodes:
+            await node.aclose()

@@ -162,5 +162,7 @@ async def test_metrics_answer_on_a_cluster_with_every_primarys_memory(
     families = {f.name: f for f in text_string_to_metric_families(resp.text)}
     (memory,) = families["bleedwatch_index_memory_bytes"].samples
     (items,) = families["bleedwatch_index_items"].samples
+    (limit,) = families["bleedwatch_index_memory_max_bytes"].samples  # the test cluster's masters have none
     assert memory.value > 0
+    assert limit.value == 0
     assert items.value > 0

@@ -645,11 +645,13 @@ class RedisIndex:
         return metrics.Durability(aof=aof, eviction_policy=policy)
 
     async def stats(self) -> metrics.IndexStats:
-        """For /metrics (cached there): keys in this Redis database and its used memory; two commands.
+        """For /metrics (cached there): keys in this Redis database, its used memory and its maxmemory;
+        two commands (the limit comes with the memory, from the same INFO memory).
 
-        On a Redis Cluster both are asked of every primary and added up: redis-py sums DBSIZE over
+        On a Redis Cluster all are asked of every primary and added up: redis-py sums DBSIZE over
         the primaries itself, but sends INFO to one node unless told, which would report a third
-        (at 3 masters) of the memory, or a flat answer where a per-node one was expected.
+        (at 3 masters) of the memory, or a flat answer where a per-node one was expected. The limit
+        is 0 (none) when any primary has none: a sum over the others would understate it.
         """
         metrics.REDIS_ROUND_TRIPS.inc(2)
         if isinstance(self._r, RedisCluster):
@@ -657,10 +659,16 @@ class RedisIndex:
             per_node: Any = await self._r.info("memory", target_nodes=RedisCluster.PRIMARIES)
             if isinstance(items, dict):
                 items = sum(int(v) for v in items.values())
-            nodes = per_node.values() if "used_memory" not in per_node else [per_node]
-            return metrics.IndexStats(int(items), sum(int(m.get("used_memory", 0)) for m in nodes))
-        items, memory = await self._r.dbsize(), await self._r.info("memory")
-        return metrics.IndexStats(items=int(items), memory_bytes=int(memory["used_memory"]))
+            nodes = list(per_node.values()) if "used_memory" not in per_node else [per_node]
+        else:
+            items, memory = await self._r.dbsize(), await self._r.info("memory")
+            nodes = [memory]
+        limits = [int(m.get("maxmemory", 0)) for m in nodes]
+        return metrics.IndexStats(
+            items=int(items),
+            memory_bytes=sum(int(m.get("used_memory", 0)) for m in nodes),
+            memory_max_bytes=sum(limits) if all(limits) else 0,
+        )
 
 
 def _per_node(info: dict[str, Any]) -> list[dict[str, Any]]:
