@@ -22,6 +22,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from bleedwatch.exchange import fingerprint_exchange
 from service.auth.keys import Role
@@ -252,13 +256,22 @@ def test_the_command_serves_the_tap(tmp_path: Path) -> None:
     key_file = tmp_path / "key.hex"
     key_file.write_text(KEY.hex())
     port, metrics_port = free_port(), free_port()
+    shipped: list[dict[str, Any]] = []
+
+    async def accept(req: Request) -> JSONResponse:
+        exchanges = orjson.loads(await req.body())["exchanges"]
+        shipped.extend(exchanges)
+        return JSONResponse({"accepted": len(exchanges), "duplicates": 0, "results": []}, status_code=202)
+
+    service = Starlette(routes=[Route("/v1/exchanges", accept, methods=["POST"])])
     env = {
         **os.environ,
         "BLEEDWATCH_TAP_FINGERPRINT_WORKERS": "0",
         "BLEEDWATCH_LOG_LEVEL": "warning",
         "BLEEDWATCH_TAP_METRICS_PORT": str(metrics_port),
     }
-    with local_server(engine) as engine_url:
+    with local_server(engine) as engine_url, local_server(service) as service_url:
+        env["BLEEDWATCH_URL"] = service_url
         args = ["--upstream", engine_url, "--port", str(port), "--api-key", "bw_x", "--key-file", str(key_file)]
         proc = subprocess.Popen([sys.executable, "-m", "service.cli", "tap", *args], env=env)
         try:
@@ -285,6 +298,7 @@ def test_the_command_serves_the_tap(tmp_path: Path) -> None:
     relayed = ("bleedwatch_tap_requests_total", (("outcome", "relayed"), ("route", "chat.completions")))
     assert scraped[relayed] == 1
     assert scraped[("bleedwatch_tap_refused_total", (("reason", "missing_tenant"),))] == 1
+    assert [x["tenant"] for x in shipped] == ["acme"]  # shipped by the last flush at SIGTERM
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
