@@ -175,7 +175,10 @@ async def test_every_index_key_expires_with_its_generation(settings: Settings, b
         client = index.client
         keys = [k async for k in client.scan_iter(match=f"{settings.key_prefix}:{{{NS}:*", count=1000)]
         assert len(keys) > 256  # buckets and filters of every shard
-        ttls = [await client.ttl(k) for k in keys]
+        pipe = client.pipeline(transaction=False)
+        for k in keys:
+            pipe.ttl(k)
+        ttls = await pipe.execute()
         assert all(0 < t <= index._window.ttl_seconds for t in ttls)
     finally:
         await index.close()
