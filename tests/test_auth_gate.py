@@ -15,8 +15,9 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import service.auth.keys
 from service.app import create_app
-from service.auth.keys import MAX_UNKNOWN, KeyVerifier, Role
+from service.auth.keys import KeyVerifier, Role
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
 from service.migrate import upgrade
@@ -111,14 +112,15 @@ async def test_a_token_that_cannot_be_a_key_costs_no_query(settings: Settings) -
         assert (await http.get("/v1/findings", headers=bearer(tokens[Role.READ]))).status_code == 200
 
 
-async def test_unknown_key_ids_cannot_evict_known_keys(pg_url: str) -> None:
+async def test_unknown_key_ids_cannot_evict_known_keys(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service.auth.keys, "MAX_UNKNOWN", 200)  # the bound, not its size, is under test
     settings = Settings(database_url=pg_url)
     tokens = await _create_keys(settings)
     engine = make_engine(settings)
     keys = KeyVerifier(make_sessionmaker(engine), cache_seconds=3600)
     for token in tokens.values():
         assert await keys.verify(token) is not None
-    for _ in range(MAX_UNKNOWN + 1):
+    for _ in range(service.auth.keys.MAX_UNKNOWN + 1):
         assert await keys.verify(f"bw_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}") is None
     with counted_queries(engine) as queries:
         for role, token in tokens.items():
