@@ -30,45 +30,26 @@ from service.deployments.routes import router as deployments_router
 from service.deployments.rules import load_rules
 from service.deps import AppDeps, Deps
 from service.findings.routes import router as findings_router
-from service.findings.writer import FindingsWriter
-from service.incidents import grouping
 from service.incidents.monitor import IncidentMonitor
 from service.incidents.routes import router as incidents_router
 from service.index.base import Index
 from service.index.factory import make_index
 from service.index.keys import Keys
-from service.ingest.decode import Limits
 from service.ingest.routes import router as ingest_router
-from service.ingest.service import Ingestor
-from service.ingest.worker import IngestWorker
 from service.json_only import JsonOnly
 from service.logging import RequestContext
-from service.matching.known import KnownFingerprints
-from service.matching.matcher import Matcher
-from service.matching.thresholds import thresholds
 from service.migrate import upgrade
+from service.pipeline import build_pipeline
 from service.ratelimit import make_limiter
 from service.retention.jobs import Retention, RetentionJob
 from service.retention.routes import router as retention_router
 from service.signals.routes import router as signals_router
 from service.ui.routes import UiHeaders
 from service.ui.routes import router as ui_router
-from service.webhooks.sender import make_sender, paging_routes
+from service.webhooks.sender import make_sender
 
 RETRY_AFTER_SECONDS = 5
 log = logging.getLogger(__name__)
-
-
-def limits(settings: Settings) -> Limits:
-    """What ingest refuses (service/ingest/decode.py); the worker process re-checks with the same."""
-    return Limits(
-        settings.max_batch_exchanges,
-        settings.max_fingerprints_per_text,
-        settings.max_future_seconds,
-        settings.effective_max_age_seconds,
-        settings.accepted_key_ids,
-        settings.new_tenants_per_key_per_minute,
-    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -80,16 +61,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             upgrade(settings)  # the embedded file is ours to keep current
         engine = make_engine(settings)
         metrics.configure(settings)
-        labels = metrics.Labels.from_settings(settings)  # one per process: writer and ingestor share it
         audit.configure(settings)
         metrics.instrument_engine(engine)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
-        known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
         risk = RiskMonitor(sessions, load_rules(settings.risk_rules_file), settings.risk_refresh_seconds)
         webhooks = make_sender(sessions, settings)
-        # Findings join incidents in the session that stores them (service/incidents/grouping.py).
-        incident_policy = grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings))
         incidents = IncidentMonitor(sessions, settings.incident_refresh_seconds)
         retention = RetentionJob(
             sessions,
@@ -110,48 +87,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "bleedwatch-authfail",
             )
         )
-        # Findings held while the database was down, written by every replica when it is back.
-        writer = FindingsWriter(
-            sessions,
-            index.outbox(),
-            index.purged,
-            max_attempts=settings.findings_outbox_max_attempts,
-            dead_letter_seconds=settings.dead_letter_retention_seconds,
-            policy=incident_policy,
-            labels=labels,
-        )
-        matcher = Matcher(index, known, thresholds(settings))
-        ingestor = Ingestor(
-            index,
-            matcher,
-            sessions,
-            limits(settings),
-            writer,
-            settings.ingest_queue_max_batches,
-            settings.ingest_queue_max_bytes,
-            labels=labels,
-        )
-        worker = IngestWorker(
-            ingestor,
-            index.queue(),
-            settings.ingest_workers,
-            settings.ingest_reclaim_seconds,
-            dead_letter_seconds=settings.dead_letter_retention_seconds,
-        )
+        pipeline = build_pipeline(settings, sessions, index)
         app.state.deps = AppDeps(
             settings=settings,
             engine=engine,
             sessions=sessions,
             index=index,
-            ingestor=ingestor,
-            known=known,
+            ingestor=pipeline.ingestor,
+            known=pipeline.known,
             keys=keys,
             revocations=revocations,
             risk=risk,
             limiter=limiter,
             auth_failures=auth_failures,
             incidents=incidents,
-            incident_policy=incident_policy,
+            incident_policy=pipeline.incident_policy,
         )
         # Stopped in the reverse order, each even if one before it raised: the workers first (after
         # uvicorn has answered every request: SIGTERM drains), the clients they use last.
@@ -171,10 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if webhooks is not None:
                 await webhooks.start()
                 running.push_async_callback(webhooks.stop)
-            writer.start()
-            running.push_async_callback(writer.stop)
-            worker.start()
-            running.push_async_callback(worker.stop)
+            pipeline.start(running)
             yield
 
     app = FastAPI(

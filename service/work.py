@@ -25,18 +25,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from service import audit, metrics, tracing
-from service.app import limits
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
-from service.findings.writer import FindingsWriter
-from service.incidents import grouping
 from service.index.factory import make_index
-from service.ingest.service import Ingestor
-from service.ingest.worker import IngestWorker
-from service.matching.known import KnownFingerprints
-from service.matching.matcher import Matcher
-from service.matching.thresholds import thresholds
-from service.webhooks.sender import paging_routes
+from service.pipeline import build_pipeline
 
 
 class WorkerUnfit(ValueError):
@@ -59,48 +51,16 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings)
         audit.configure(settings)  # incident events name tenants by their digest, as the API's do
         metrics.configure(settings)
-        labels = metrics.Labels.from_settings(settings)  # one per process: writer and ingestor share it
         metrics.instrument_engine(engine)
         sessions = make_sessionmaker(engine)
         index = make_index(settings)
         # Findings join incidents in the session that stores them; the API replicas send the webhooks.
-        incident_policy = grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings))
-        # A purged tenant's findings are refused; a held finding that keeps failing is moved aside.
-        writer = FindingsWriter(
-            sessions,
-            index.outbox(),
-            index.purged,
-            max_attempts=settings.findings_outbox_max_attempts,
-            dead_letter_seconds=settings.dead_letter_retention_seconds,
-            policy=incident_policy,
-            labels=labels,
-        )
-        matcher = Matcher(index, KnownFingerprints(sessions, settings.lists_refresh_seconds), thresholds(settings))
-        ingestor = Ingestor(
-            index,
-            matcher,
-            sessions,
-            limits(settings),
-            writer,
-            settings.ingest_queue_max_batches,
-            settings.ingest_queue_max_bytes,
-            labels=labels,
-        )
-        worker = IngestWorker(
-            ingestor,
-            index.queue(),
-            settings.ingest_workers,
-            settings.ingest_reclaim_seconds,
-            dead_letter_seconds=settings.dead_letter_retention_seconds,
-        )
+        pipeline = build_pipeline(settings, sessions, index)
         app.state.engine, app.state.index = engine, index
         async with AsyncExitStack() as running:  # stopped in reverse: the worker first, its clients last
             running.push_async_callback(engine.dispose)
             running.push_async_callback(index.close)
-            writer.start()
-            running.push_async_callback(writer.stop)
-            worker.start()
-            running.push_async_callback(worker.stop)
+            pipeline.start(running)
             yield
 
     app = FastAPI(title="bleedwatch worker", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)

@@ -1,0 +1,90 @@
+"""The ingest path from the queue to the database, wired once for both processes that run it: an
+API replica (``service/app.py``) and a worker process (``service/work.py``).
+
+One builder so the two cannot drift: the same label caps shared by the ingestor and the findings
+writer, the same incident policy, the same limits the API checked before queueing.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from service import metrics
+from service.config import Settings
+from service.findings.writer import FindingsWriter
+from service.incidents import grouping
+from service.index.base import Index
+from service.ingest.decode import Limits
+from service.ingest.service import Ingestor
+from service.ingest.worker import IngestWorker
+from service.matching.known import KnownFingerprints
+from service.matching.matcher import Matcher
+from service.matching.thresholds import thresholds
+from service.webhooks.sender import paging_routes
+
+
+def limits(settings: Settings) -> Limits:
+    """What ingest refuses (service/ingest/decode.py); the worker process re-checks with the same."""
+    return Limits(
+        settings.max_batch_exchanges,
+        settings.max_fingerprints_per_text,
+        settings.max_future_seconds,
+        settings.effective_max_age_seconds,
+        settings.accepted_key_ids,
+        settings.new_tenants_per_key_per_minute,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    known: KnownFingerprints
+    incident_policy: grouping.Policy
+    writer: FindingsWriter
+    ingestor: Ingestor
+    worker: IngestWorker
+
+    def start(self, running: AsyncExitStack) -> None:
+        """Start the writer and the queue worker; ``running`` stops them in reverse, the worker first."""
+        self.writer.start()
+        running.push_async_callback(self.writer.stop)
+        self.worker.start()
+        running.push_async_callback(self.worker.stop)
+
+
+def build_pipeline(settings: Settings, sessions: async_sessionmaker[AsyncSession], index: Index) -> Pipeline:
+    labels = metrics.Labels.from_settings(settings)  # one per process: writer and ingestor share it
+    # Findings join incidents in the session that stores them (service/incidents/grouping.py).
+    incident_policy = grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings))
+    # Findings held while the database was down, written when it is back; a purged tenant's are
+    # refused; a held finding that keeps failing is moved aside.
+    writer = FindingsWriter(
+        sessions,
+        index.outbox(),
+        index.purged,
+        max_attempts=settings.findings_outbox_max_attempts,
+        dead_letter_seconds=settings.dead_letter_retention_seconds,
+        policy=incident_policy,
+        labels=labels,
+    )
+    known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
+    ingestor = Ingestor(
+        index,
+        Matcher(index, known, thresholds(settings)),
+        sessions,
+        limits(settings),
+        writer,
+        settings.ingest_queue_max_batches,
+        settings.ingest_queue_max_bytes,
+        labels=labels,
+    )
+    worker = IngestWorker(
+        ingestor,
+        index.queue(),
+        settings.ingest_workers,
+        settings.ingest_reclaim_seconds,
+        dead_letter_seconds=settings.dead_letter_retention_seconds,
+    )
+    return Pipeline(known, incident_policy, writer, ingestor, worker)
