@@ -264,7 +264,10 @@ async def test_open_escalate_acknowledge_resolve_pages_with_one_dedup_key(
         await leak(api, "argparse", "acme", "globex", time.time(), length=15)  # low: opened
         incident = await only_incident(api)
         assert incident["severity"] == "low"
-        await pd.wait_for(1)
+        # A body is built when it is sent, from the incident as it is then (WebhookDelivery), so
+        # every target must have sent "opened" before the escalation for it to read LOW.
+        for receiver in (pd, slack, hook):
+            await receiver.wait_for(1)
         await leak(api, "csv", "acme", "initech", time.time(), length=40)  # high: escalated
         await pd.wait_for(2)
         path = f"/v1/incidents/{incident['id']}"
