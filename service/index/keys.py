@@ -8,8 +8,8 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``key_id`` a fingerprint key id):
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<key id>:<ref>``                 metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
-- ``p:{<key id>:<shard>}:ix2:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
-- ``p:{<key id>:<shard>}:ix2:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{<key id>:<shard>}:ix3:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
+- ``p:{<key id>:<shard>}:ix3:f:<gen>``         presence filter of that shard and generation (a bitmap)
 - ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
 - ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
@@ -28,8 +28,8 @@ Each ingest queue shard has a hash tag of its own, so on a cluster the shards' s
 over the slots (and so the nodes), while a shard's stream, dead letters and results stay
 together for its transactions.
 
-Index hashes (``ix2``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
-shard and bucket; the field is the rest of the fingerprint, the value ``*`` once it is common, else
+Index hashes (``ix3``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
+shard and bucket; the field is 3 bytes folded from the rest (below), the value ``*`` once it is common, else
 one ``varint(tenant * 4 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant. Each
 shard and generation also has a presence filter bitmap, so the common case (a new fingerprint)
 skips the bucket read. Sizes and Redis settings: docs/capacity.md.
@@ -42,7 +42,14 @@ from dataclasses import dataclass
 
 SHARD_BITS = 8  # fixed: changing it re-homes every index key
 SHARDS = 1 << SHARD_BITS
-INDEX_KEY_VERSION = "ix2"
+INDEX_KEY_VERSION = "ix3"  # ix2 kept all 64 bits; its keys are not read and expire (README, Upgrading)
+# A field holds 3 bytes folded from the fingerprint bits its key does not imply (4 below bucket
+# bits 16, so that bucket and field tell at least 40 bits apart). A lookup takes a fingerprint
+# a bucket lacks for one it holds with odds of (fields in the bucket) / 2^24, under 1e-5 at
+# the 65-128 fields docs/capacity.md sizes buckets for; such a shingle is 4 tokens, under any
+# finding's score. Each field byte is 1 of the ~20 a fingerprint costs.
+MIN_FIELD_BYTES = 3
+IDENTITY_BITS = 40
 # 63 bytes, not 64: a bitmap of buckets x 63 bytes plus Redis' string header fits the allocator's
 # power-of-two size class exactly (buckets x 64 would spill into the next one, 25% larger).
 FILTER_BITS_PER_BUCKET = 63 * 8

@@ -36,7 +36,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from bleedwatch.fingerprint.scheme import Params
 from service import metrics
 from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue, same_exchange
-from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, SHARD_BITS, Keys
+from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, IDENTITY_BITS, MIN_FIELD_BYTES, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
 from service.index.queue import RedisQueue, ShardedQueue
 from service.index.window import Window
@@ -182,7 +182,14 @@ class Layout:
 
     @property
     def field_bytes(self) -> int:
-        return 8 - self.bucket_bits // 8
+        return max(MIN_FIELD_BYTES, -(-(IDENTITY_BITS - self.bucket_bits) // 8))
+
+    def fields(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """The bits the key does not imply, XOR-folded to ``field_bytes``: every bit counts, so
+        fingerprints that differ in any one bit do not share a field."""
+        bits = np.uint64(8 * self.field_bytes)
+        rest = (values << np.uint64(self.bucket_bits)) >> np.uint64(self.bucket_bits)
+        return (rest ^ (rest >> bits)) & np.uint64((1 << int(bits)) - 1)
 
     def buckets(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         if not self.in_shard:
@@ -191,7 +198,7 @@ class Layout:
 
     def cut(self, values: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
         raw = _be(self.buckets(values), ">u8")[:, 8 - self.bucket_bytes :]
-        return raw, _be(values, ">u8")[:, 8 - self.field_bytes :]
+        return raw, _be(self.fields(values), ">u8")[:, 8 - self.field_bytes :]
 
     def filter_bits(self, values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         """Each fingerprint's bit in its shard's presence filter (keys.py)."""
