@@ -29,6 +29,7 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.findings import store as findings_store
 from service.findings.draft import FindingDraft
+from service.findings.severity import Severity
 from service.findings.writer import FindingsWriter, decode_draft, encode_draft
 from service.index.base import Index
 from service.migrate import upgrade
@@ -76,10 +77,12 @@ def test_drafts_round_trip_through_the_outbox_encoding() -> None:
         matched_fingerprints=9,
         longest_run_tokens=44,
         score=0.31,
-        severity="high",
+        severity=Severity.HIGH,
         evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
     )
-    assert decode_draft(encode_draft(draft)) == draft
+    decoded = decode_draft(encode_draft(draft))
+    assert decoded == draft
+    assert type(decoded.severity) is Severity
 
 
 def test_a_draft_held_before_longest_run_tokens_was_named_so_still_decodes() -> None:
@@ -107,7 +110,7 @@ def _draft(recipient_request_id: str) -> FindingDraft:
         matched_fingerprints=9,
         longest_run_tokens=44,
         score=0.31,
-        severity="high",
+        severity=Severity.HIGH,
         evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
     )
 

@@ -20,6 +20,7 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope, utcnow
 from service.findings.draft import FindingDraft
 from service.findings.models import Finding
+from service.findings.severity import Severity
 from service.findings.writer import encode_draft
 from service.incidents.models import Incident
 from service.index.base import DocMeta, Index, Kind
@@ -180,7 +181,7 @@ def held_draft(recipient: str, source: str, minor: str | None, response_at: floa
             matched_fingerprints=40,
             longest_run_tokens=40,
             score=0.5,
-            severity="high",
+            severity=Severity.HIGH,
             evidence={"sources": sources},
         )
     )

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from service.findings.severity import Severity
+
 
 @dataclass(frozen=True, slots=True)
 class FindingDraft:
@@ -27,7 +29,7 @@ class FindingDraft:
     matched_fingerprints: int
     longest_run_tokens: int
     score: float
-    severity: str
+    severity: Severity
     evidence: dict[str, Any]
     # The response's fingerprints that matched the top source, signed int64 (what a false positive allowlists).
     matched_values: list[int] = field(default_factory=list)

@@ -53,6 +53,7 @@ from service import metrics
 from service.db import DB_DOWN, session_scope
 from service.findings import store
 from service.findings.draft import FindingDraft
+from service.findings.severity import Severity
 from service.incidents import grouping
 from service.index.base import Outbox
 from service.periodic import Periodic
@@ -92,6 +93,7 @@ def decode_draft(raw: bytes) -> FindingDraft:
     values: dict[str, Any] = {
         k: (datetime.fromisoformat(v) if k in _DATETIMES else v) for k, v in data.items() if k in _FIELDS
     }
+    values["severity"] = Severity(values["severity"])
     return FindingDraft(**values)
 
 
