@@ -243,3 +243,18 @@ async def test_short_phrases_of_one_genre_in_the_same_order_are_no_copy(api: Api
     for e in (a, b, c):
         await post(api, e)
     assert [f["recipient_tenant"] for f in await findings(api)] == ["c"]  # the line itself is a copy
+
+
+async def test_a_phrase_a_third_tenant_sent_takes_no_copy_from_an_answer(api: Api) -> None:
+    # c's prompt shares 7 words with a's answer by chance: too short to be c's text where b was
+    # served the answer, so the copy is still a's (a stretch of 8 tokens would be: SHARED_TOKENS).
+    now = time.time()
+    answer = ANSWER.split()
+    await post(api, ex("a", "a1", words("heapq"), ANSWER, now - 20))
+    await post(
+        api,
+        ex("c", "c1", words("csv", 0, 30) + " " + " ".join(answer[20:27]) + " " + words("csv", 40, 60), "ok", now - 10),
+    )
+    await post(api, ex("b", "b1", words("difflib", 0, 40), words("json", 0, 30) + " " + " ".join(answer[16:30]), now))
+    assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("b", "a")]
+

@@ -214,6 +214,11 @@ def spans(found: list[Piece]) -> Spans:
     return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
 
 
+def stretches(found: list[Piece]) -> Spans:
+    """What the pieces of ``SHARED_TOKENS`` or more cover: where whose text it is is more than chance."""
+    return spans([p for p in found if p.copied >= SHARED_TOKENS])
+
+
 def outside(matches: list[Match], found: Spans) -> list[Match]:
     """The matches in none of the stretches."""
     starts, ends = found

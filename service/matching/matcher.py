@@ -29,7 +29,6 @@ from service import metrics, tracing
 from service.findings.draft import FindingDraft
 from service.index.base import PROMPT_BIT, Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
-    SHARED_TOKENS,
     Budget,
     Copy,
     Match,
@@ -45,7 +44,7 @@ from service.matching.evidence import (
     outside,
     pieces,
     severity,
-    spans,
+    stretches,
 )
 from service.matching.known import Known, KnownFingerprints
 
@@ -291,14 +290,17 @@ def _evidence(
 ) -> dict[MatchSource, tuple[list[Match], list[Copy]]]:
     """Each source's matches that count, and its copies."""
     n = c.meta.params.n
-    # Prompts are winnowed: who sent a stretch of the response is known at a few of its
-    # fingerprints, and holds for the whole piece they make.
     own = [m for m in c.own if m.source_doc in params]
-    mine = spans(pieces(own, holes(c.response, own, params), params, n))
+    # The recipient's own text is blind, and where its matches make a stretch so is all of it:
+    # prompts are winnowed, so an echo is known at a few of its fingerprints. Who sent a phrase
+    # shorter than a stretch is chance, as for ``Shared``.
+    at = np.sort(np.fromiter((m.response_offset for m in own), np.int64, len(own)))
+    c.response.blind_within((at, at + 1))
+    mine = stretches(pieces(own, holes(c.response, own, params), params, n))
     c.response.blind_within(mine)
     sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
     found = {k: pieces(ms, holes(c.response, ms, params), params, n) for k, ms in sent.items() if ms}
-    theirs = spans([p for ps in found.values() for p in ps])
+    theirs = stretches([p for ps in found.values() for p in ps])
     matches = dict(sent)
     for key, ms in c.served.items():
         kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], mine)
@@ -331,19 +333,15 @@ class Shared:
 
     @classmethod
     def of(cls, found: dict[MatchSource, list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
-        stretches = {
-            key: spans([p for p in ps if p.copied >= SHARED_TOKENS])
-            for key, ps in found.items()
-            if isinstance(key, TenantSource)
-        }
-        stretches = {key: s for key, s in stretches.items() if len(s[0])}
-        if len(stretches) < 2:
+        covered = {key: stretches(ps) for key, ps in found.items() if isinstance(key, TenantSource)}
+        covered = {key: s for key, s in covered.items() if len(s[0])}
+        if len(covered) < 2:
             return None
-        ids = {key: i for i, key in enumerate(stretches, start=1)}
+        ids = {key: i for i, key in enumerate(covered, start=1)}
         at = offsets.astype(np.int64)
         count = np.zeros(len(at), dtype=np.int64)
         owner = np.zeros(len(at), dtype=np.int64)
-        for key, (starts, ends) in stretches.items():
+        for key, (starts, ends) in covered.items():
             i = np.searchsorted(starts, at, "right") - 1
             inside = (i >= 0) & (at < ends[np.maximum(i, 0)])
             count += inside
@@ -397,13 +395,14 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
         senders = [e for e in others if e.kinds & PROMPT_BIT]
         for e in senders:
             sent.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
-        if senders:
-            continue
-        # Text only ever served is another tenant's answer only if one other tenant had it, and
-        # the recipient had not: what the model says to several tenants, or again, is its own.
-        # It is not blind for that: what a prompt of the same stretch shows still counts.
-        if len(others) == 1 and (mine is None or mine.doc == ref):
-            served.setdefault(TenantSource(others[0].tenant), []).append(Match(offset, others[0].doc, others[0].offset))
+        # Text served is another tenant's answer only if one other tenant was served it, and the
+        # recipient had not been: what the model says to several tenants, or again, is its own.
+        # It is not blind for that: what a prompt of the same stretch shows still counts. A
+        # sender of the phrase does not take it here: whose text it is, a stretch decides (_evidence).
+        served_to = [e for e in others if not e.kinds & PROMPT_BIT]
+        if len(served_to) == 1 and (mine is None or mine.doc == ref):
+            e = served_to[0]
+            served.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
     return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served)
 
 
