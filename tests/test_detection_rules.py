@@ -257,4 +257,3 @@ async def test_a_phrase_a_third_tenant_sent_takes_no_copy_from_an_answer(api: Ap
     )
     await post(api, ex("b", "b1", words("difflib", 0, 40), words("json", 0, 30) + " " + " ".join(answer[16:30]), now))
     assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("b", "a")]
-
