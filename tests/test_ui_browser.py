@@ -28,6 +28,7 @@ import httpx
 import pytest
 import uvicorn
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -160,7 +161,9 @@ def test_sign_in_open_an_incident_and_mark_it_a_false_positive(served: Served, b
     _leak(served, "argparse", "acme", "globex", now - 120)
     _leak_in_pieces(served, "initech", "globex", now - 60)
     _leak(served, "json", "acme", "umbrella", now, length=20)
-    wait = WebDriverWait(browser, WAIT_SECONDS)
+    # A form post replaces the document while a wait may be reading the old one, which Chrome can
+    # answer with an inspector error instead of a stale element: keep polling until the timeout.
+    wait = WebDriverWait(browser, WAIT_SECONDS, ignored_exceptions=(WebDriverException,))
 
     browser.get(f"{served.url}/ui")
     wait.until(expected_conditions.url_contains("/ui/signin"))
