@@ -152,6 +152,17 @@ def _accept(_: httpx.Request) -> httpx.Response:
     return httpx.Response(202, json={"accepted": 1, "duplicates": 0, "results": []})
 
 
+def _capturing() -> tuple[list[dict[str, Any]], httpx.MockTransport]:
+    """A bleedwatch that accepts everything, and the exchanges the tap shipped to it."""
+    shipped: list[dict[str, Any]] = []
+
+    def accept(req: httpx.Request) -> httpx.Response:
+        shipped.extend(orjson.loads(req.content)["exchanges"])
+        return _accept(req)
+
+    return shipped, httpx.MockTransport(accept)
+
+
 @pytest.mark.parametrize("path", APIS)
 async def test_a_request_without_the_tenant_header_is_refused_before_the_engine(path: str) -> None:
     engine = FakeEngine()
@@ -376,14 +387,9 @@ async def test_a_client_leaving_mid_stream_aborts_the_upstream_and_ships_the_par
     kind = path.rsplit("/", 1)[-1]
     events = engine.events(path, f"{kind}-0")
     delivered = b"".join(events[:stall])
-    shipped: list[dict[str, Any]] = []
-
-    def accept(req: httpx.Request) -> httpx.Response:
-        shipped.extend(orjson.loads(req.content)["exchanges"])
-        return _accept(req)
-
+    shipped, to_bleedwatch = _capturing()
     with local_server(engine) as engine_url:
-        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=httpx.MockTransport(accept))
+        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=to_bleedwatch)
         with local_server(tap) as tap_url:
             async with (
                 httpx.AsyncClient(base_url=tap_url) as client,
@@ -435,14 +441,9 @@ async def test_an_engine_breaking_off_mid_stream_ships_what_was_relayed_as_parti
     engine = FakeEngine(answer=prompt("acme", 200), stall_after=24, break_off=True)
     body = orjson.dumps(request(path, prompt("globex", 80), stream=True))
     delivered = b"".join(engine.events(path, "completions-0")[:24])
-    shipped: list[dict[str, Any]] = []
-
-    def accept(req: httpx.Request) -> httpx.Response:
-        shipped.extend(orjson.loads(req.content)["exchanges"])
-        return _accept(req)
-
+    shipped, to_bleedwatch = _capturing()
     with local_server(engine) as engine_url:
-        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=httpx.MockTransport(accept))
+        tap = Tap(tap_settings(upstream_url=engine_url), bleedwatch_transport=to_bleedwatch)
         with local_server(tap) as tap_url:
             async with httpx.AsyncClient(base_url=tap_url) as client:
                 resp = await client.post(path, content=body, headers=tenant("acme"))
