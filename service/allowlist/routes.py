@@ -78,7 +78,6 @@ async def add_fingerprints(
 
 @router.get("", response_model=AllowlistPage, responses=responses(Unauthorized, Forbidden))
 async def list_entries(
-    deps: Deps,
     session: SessionDep,
     _: Admin,
     key_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None,

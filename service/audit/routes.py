@@ -11,7 +11,7 @@ from service.audit import log
 from service.audit.models import AuditEntry
 from service.audit.schemas import AuditOut, AuditPage
 from service.auth.deps import Admin
-from service.deps import Deps, SessionDep
+from service.deps import SessionDep
 from service.errors import Invalid, common_responses
 from service.wire import Moment
 
@@ -21,7 +21,6 @@ Text = Annotated[str | None, Query(max_length=128, pattern=NAME_PATTERN)]
 
 @router.get("", response_model=AuditPage, summary="The audit log, newest first")
 async def list_audit(
-    deps: Deps,
     session: SessionDep,
     caller: Admin,
     key_id: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_.:-]+$")] = None,

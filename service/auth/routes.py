@@ -20,7 +20,7 @@ CREATED: dict[int | str, dict[str, Any]] = {201: {"model": KeyCreated, "descript
 
 
 @router.post("", status_code=201, response_model=KeyCreated, summary="Create an API key")
-async def create_key(deps: Deps, session: SessionDep, caller: Admin, body: KeyIn) -> KeyCreated:
+async def create_key(session: SessionDep, caller: Admin, body: KeyIn) -> KeyCreated:
     """The answer holds the secret, once. Ingest keys may be limited to the tenants of their gateway."""
     key, token = await keys.create_key(session, body.name, body.role, body.tenants)
     await audit.record(
@@ -30,7 +30,7 @@ async def create_key(deps: Deps, session: SessionDep, caller: Admin, body: KeyIn
 
 
 @router.get("", response_model=KeyPage, summary="Every API key, without secrets")
-async def list_keys(deps: Deps, session: SessionDep, caller: Admin) -> KeyPage:
+async def list_keys(session: SessionDep, caller: Admin) -> KeyPage:
     rows = await keys.list_keys(session)
     await audit.record(session, caller, "keys.list", "keys")
     return KeyPage(items=[KeyOut.model_validate(k) for k in rows])

@@ -39,7 +39,7 @@ async def register(deps: Deps, session: SessionDep, caller: Admin, body: CanaryI
 
 @router.get("", response_model=CanaryPage, responses=responses(Unauthorized, Forbidden))
 async def list_canaries(
-    deps: Deps, session: SessionDep, _: Admin, key_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None
+    session: SessionDep, _: Admin, key_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None
 ) -> CanaryPage:
     return CanaryPage(items=[CanaryOut.model_validate(c) for c in await store.canaries(session, key_id)])
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Path, Query
 
 from service import audit, cursors
 from service.auth.deps import Reader
-from service.deps import Deps, SessionDep
+from service.deps import SessionDep
 from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
 from service.findings import store
 from service.findings.schemas import FindingOut, FindingPage
@@ -18,7 +18,6 @@ router = APIRouter(prefix="/v1/findings", tags=["findings"])
 
 @router.get("", response_model=FindingPage, responses=responses(Unauthorized, Forbidden, Invalid))
 async def list_findings(
-    deps: Deps,
     session: SessionDep,
     caller: Reader,
     since: Annotated[Moment | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
@@ -50,7 +49,7 @@ async def list_findings(
 
 @router.get("/{finding_id}", response_model=FindingOut, responses=responses(Unauthorized, Forbidden, NotFound))
 async def get_finding(
-    deps: Deps, session: SessionDep, caller: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]
+    session: SessionDep, caller: Reader, finding_id: Annotated[int, Path(ge=1, lt=2**63)]
 ) -> FindingOut:
     row = await store.get(session, finding_id)
     if row is None:

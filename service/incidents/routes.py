@@ -55,7 +55,6 @@ async def _incident(session: Any, incident_id: int) -> Incident:
 
 @router.get("", response_model=IncidentPage, summary="Incidents, filtered and sorted")
 async def list_incidents(
-    deps: Deps,
     session: SessionDep,
     caller: Reader,
     status: Status | None = None,
@@ -91,7 +90,7 @@ async def list_incidents(
 
 
 @router.get("/{incident_id}", response_model=IncidentDetail, responses=responses(NotFound), summary="One incident")
-async def get_incident(deps: Deps, session: SessionDep, caller: Reader, incident_id: IncidentId) -> IncidentDetail:
+async def get_incident(session: SessionDep, caller: Reader, incident_id: IncidentId) -> IncidentDetail:
     """With a summary of each finding and the whole timeline (who changed what, when)."""
     incident = await _incident(session, incident_id)
     await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
@@ -106,7 +105,6 @@ async def get_incident(deps: Deps, session: SessionDep, caller: Reader, incident
 )
 async def get_impact(
     request: Request,
-    deps: Deps,
     session: SessionDep,
     caller: Reader,
     incident_id: IncidentId,

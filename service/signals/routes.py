@@ -51,7 +51,6 @@ async def post_signals(batch: SignalBatch, deps: Deps, session: SessionDep, call
 
 @router.get("", response_model=SignalPage, responses=responses(Unauthorized, Forbidden, Invalid))
 async def list_signals(
-    deps: Deps,
     session: SessionDep,
     _: Reader,
     deployment: Annotated[str | None, Query(max_length=256)] = None,
