@@ -14,27 +14,14 @@ from service.auth.keys import Role
 from service.config import Settings
 from service.deployments.rules import RulesError, load_rules, parse_rules, parse_version
 from service.deployments.schemas import DeploymentConfig
+from service.tools.demo.run import INCIDENT_CONFIG
 from service.tools.sim.engine import EngineConfig, Mode
 from tests.conftest import Api, running_api
 
 pytestmark = pytest.mark.anyio
 
-# The incident's config (decode pool not in the report: taken as the context length).
-INCIDENT: dict[str, Any] = {
-    "model": "open-weights-1m",
-    "engine": "sglang",
-    "engine_version": "as-deployed",
-    "disaggregated": True,
-    "context_length": 1_048_576,
-    "prefill_kv_pool_tokens": 681_280,
-    "decode_kv_pool_tokens": 1_048_576,
-    "safeguards": {
-        "deferred_page_release_prefill": False,
-        "deferred_page_release_decode": False,
-        "kv_transfer_batch_cap": None,
-        "lb_aborts_on_client_disconnect": True,
-    },
-}
+# The incident's config, as the demo registers it.
+INCIDENT: dict[str, Any] = INCIDENT_CONFIG
 SAFE: dict[str, Any] = INCIDENT | {
     "prefill_kv_pool_tokens": 1_048_576,
     "safeguards": {
