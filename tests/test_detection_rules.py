@@ -257,3 +257,16 @@ async def test_a_phrase_a_third_tenant_sent_takes_no_copy_from_an_answer(api: Ap
     )
     await post(api, ex("b", "b1", words("difflib", 0, 40), words("json", 0, 30) + " " + " ".join(answer[16:30]), now))
     assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("b", "a")]
+
+
+async def test_a_phrase_the_model_said_to_others_too_does_not_cut_a_copy_of_an_answer(api: Api) -> None:
+    # Five words of a's answer were also said to d and e: the model's own phrase, nobody's
+    # evidence, but still a's text where b was served a's answer around it, so no hole there.
+    now = time.time()
+    answer = ANSWER.split()
+    phrase = " ".join(answer[21:26])
+    await post(api, ex("a", "a1", words("heapq"), ANSWER, now - 30))
+    await post(api, ex("d", "d1", words("subprocess", 0, 30), words("difflib", 0, 20) + " " + phrase, now - 20))
+    await post(api, ex("e", "e1", words("sqlite3", 0, 30), phrase + " " + words("difflib", 40, 60), now - 20))
+    await post(api, ex("b", "b1", words("argparse", 0, 40), words("json", 0, 30) + " " + " ".join(answer[16:30]), now))
+    assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("b", "a")]

@@ -25,6 +25,7 @@ join checks per piece, so a response costs O(m log m) for m matches whatever the
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import groupby, pairwise
 
@@ -235,19 +236,26 @@ def _stride(source: Params, source_offset: int) -> int:
     return GAP_TOKENS * sampled
 
 
-def holes(response: Response, matches: list[Match], sources: dict[int, Params]) -> list[int]:
+def holes(
+    response: Response, matches: list[Match], sources: dict[int, Params], held: Sequence[Match] = ()
+) -> list[int]:
     """Sorted response offsets where the source tenant's text would show, had it been copied, and does not.
 
-    ``matches`` are all of one tenant's. Its documents may have different windows: the widest
-    is used (it keeps the fewest, so fewer holes are claimed). Where one was sampled, only
-    values divisible by its ``sample_mod`` could match.
+    ``matches`` are all of one tenant's. ``held``: more of its fingerprints that are not
+    evidence (an answer the model also gave another tenant, say); one on the diagonal of a
+    match's document is the same text in the same place, so no hole. Its documents may have
+    different windows: the widest is used (it keeps the fewest, so fewer holes are claimed).
+    Where one was sampled, only values divisible by its ``sample_mod`` could match.
     """
     if not matches:
         return []
     w = max(sources[m.source_doc].w for m in matches)
     mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
     could = response.kept(w, max(mods, default=1)) & ~response.blind
-    could &= ~np.isin(response.offsets, np.fromiter((m.response_offset for m in matches), np.uint32, len(matches)))
+    lines = {(m.source_doc, m.source_offset - m.response_offset) for m in matches}
+    has = [m.response_offset for m in matches]
+    has += [m.response_offset for m in held if (m.source_doc, m.source_offset - m.response_offset) in lines]
+    could &= ~np.isin(response.offsets, np.array(has, dtype=np.uint32))
     return response.offsets[could].tolist()  # type: ignore[no-any-return]
 
 
@@ -352,11 +360,13 @@ def copies(found: list[Piece], n: int, sources: dict[int, Params], gaps: list[in
     return [c for c in best if id(c) not in continued]
 
 
-def evaluate(response: Response, matches: list[Match], sources: dict[int, Params], budget: Budget) -> list[Copy]:
-    """One source tenant's copies in ``response``."""
+def evaluate(
+    response: Response, matches: list[Match], sources: dict[int, Params], budget: Budget, held: Sequence[Match] = ()
+) -> list[Copy]:
+    """One source tenant's copies in ``response`` (``held``: as for ``holes``)."""
     if not matches:
         return []
-    gaps = holes(response, matches, sources)
+    gaps = holes(response, matches, sources, held)
     found = pieces(matches, gaps, sources, response.params.n, response)
     return copies(found, response.params.n, sources, gaps, budget)
 

@@ -134,7 +134,9 @@ class Candidate:
     """One response to judge: its evidence view and what each tenant (or canary) had of it.
 
     Matches by ``MatchSource``: ``sent`` in prompts (canaries included),
-    ``served`` in answers; ``own``: the recipient's own prompts.
+    ``served`` in answers; ``own``: the recipient's own prompts. ``held``: what a tenant was
+    served that is not evidence (the model said it to several tenants): no hole in a copy of the
+    same document either (``evidence.holes``).
     """
 
     ref: int
@@ -143,6 +145,11 @@ class Candidate:
     own: list[Match]
     sent: dict[MatchSource, list[Match]]
     served: dict[MatchSource, list[Match]]
+    held: dict[MatchSource, list[Match]]
+
+    def has(self, key: MatchSource) -> list[Match]:
+        """Every fingerprint ``key`` has, evidence or not: where its text is."""
+        return self.sent.get(key, []) + self.served.get(key, []) + self.held.get(key, [])
 
     def refs(self) -> set[int]:
         every = [self.own, *self.sent.values(), *self.served.values()]
@@ -299,7 +306,7 @@ def _evidence(
     mine = stretches(pieces(own, holes(c.response, own, params), params, n))
     c.response.blind_within(mine)
     sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
-    found = {k: pieces(ms, holes(c.response, ms, params), params, n) for k, ms in sent.items() if ms}
+    found = {k: pieces(ms, holes(c.response, ms, params, c.has(k)), params, n) for k, ms in sent.items() if ms}
     theirs = stretches([p for ps in found.values() for p in ps])
     matches = dict(sent)
     for key, ms in c.served.items():
@@ -312,7 +319,7 @@ def _evidence(
         response = c.response
         if shared is not None and isinstance(key, TenantSource):
             response = c.response.explained(shared.others(key))
-        out[key] = (ms, evaluate(response, ms, params, budget))
+        out[key] = (ms, evaluate(response, ms, params, budget, c.has(key)))
     return out
 
 
@@ -373,6 +380,7 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
     own: list[Match] = []
     sent: dict[MatchSource, list[Match]] = {}
     served: dict[MatchSource, list[Match]] = {}
+    held: dict[MatchSource, list[Match]] = {}
     blind = known.allowed(meta.values)
     canary_pos = known.canaries.find(meta.values)
     for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
@@ -403,7 +411,10 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
         if len(served_to) == 1 and (mine is None or mine.doc == ref):
             e = served_to[0]
             served.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
-    return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served)
+        else:
+            for e in served_to:
+                held.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
+    return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served, held)
 
 
 @dataclass(frozen=True, slots=True)
