@@ -236,26 +236,22 @@ def _stride(source: Params, source_offset: int) -> int:
     return GAP_TOKENS * sampled
 
 
-def holes(
-    response: Response, matches: list[Match], sources: dict[int, Params], held: Sequence[Match] = ()
-) -> list[int]:
+def holes(response: Response, matches: list[Match], sources: dict[int, Params], held: Sequence[int] = ()) -> list[int]:
     """Sorted response offsets where the source tenant's text would show, had it been copied, and does not.
 
-    ``matches`` are all of one tenant's. ``held``: more of its fingerprints that are not
-    evidence (an answer the model also gave another tenant, say); one on the diagonal of a
-    match's document is the same text in the same place, so no hole. Its documents may have
-    different windows: the widest is used (it keeps the fewest, so fewer holes are claimed).
-    Where one was sampled, only values divisible by its ``sample_mod`` could match.
+    ``matches`` are all of one tenant's; ``held``: more response offsets where the tenant holds
+    the same text, in the same document and place, that are not evidence (what the model also
+    said to other tenants, say): no hole either. Its documents may have different windows: the
+    widest is used (it keeps the fewest, so fewer holes are claimed). Where one was sampled, only
+    values divisible by its ``sample_mod`` could match.
     """
     if not matches:
         return []
     w = max(sources[m.source_doc].w for m in matches)
     mods = [sources[m.source_doc].sample_mod for m in matches if m.source_offset >= sources[m.source_doc].sample_after]
     could = response.kept(w, max(mods, default=1)) & ~response.blind
-    lines = {(m.source_doc, m.source_offset - m.response_offset) for m in matches}
-    has = [m.response_offset for m in matches]
-    has += [m.response_offset for m in held if (m.source_doc, m.source_offset - m.response_offset) in lines]
-    could &= ~np.isin(response.offsets, np.array(has, dtype=np.uint32))
+    has = np.fromiter((m.response_offset for m in matches), np.int64, len(matches))
+    could &= ~np.isin(response.offsets, np.concatenate((has, np.asarray(held, dtype=np.int64))))
     return response.offsets[could].tolist()  # type: ignore[no-any-return]
 
 
@@ -361,7 +357,7 @@ def copies(found: list[Piece], n: int, sources: dict[int, Params], gaps: list[in
 
 
 def evaluate(
-    response: Response, matches: list[Match], sources: dict[int, Params], budget: Budget, held: Sequence[Match] = ()
+    response: Response, matches: list[Match], sources: dict[int, Params], budget: Budget, held: Sequence[int] = ()
 ) -> list[Copy]:
     """One source tenant's copies in ``response`` (``held``: as for ``holes``)."""
     if not matches:

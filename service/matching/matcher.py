@@ -27,7 +27,7 @@ from bleedwatch.fingerprint.encoding import to_signed
 from bleedwatch.fingerprint.scheme import Params
 from service import metrics, tracing
 from service.findings.draft import FindingDraft
-from service.index.base import PROMPT_BIT, Doc, DocMeta, Hit, Index, Kind, Lookup, kind_name
+from service.index.base import PROMPT_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
     Budget,
     Copy,
@@ -134,9 +134,8 @@ class Candidate:
     """One response to judge: its evidence view and what each tenant (or canary) had of it.
 
     Matches by ``MatchSource``: ``sent`` in prompts (canaries included),
-    ``served`` in answers; ``own``: the recipient's own prompts. ``held``: what a tenant was
-    served that is not evidence (the model said it to several tenants): no hole in a copy of the
-    same document either (``evidence.holes``).
+    ``served`` in answers; ``own``: the recipient's own prompts. ``dropped``: fingerprints
+    several other tenants were served (the model's own), by response offset, with their entries.
     """
 
     ref: int
@@ -145,11 +144,28 @@ class Candidate:
     own: list[Match]
     sent: dict[MatchSource, list[Match]]
     served: dict[MatchSource, list[Match]]
-    held: dict[MatchSource, list[Match]]
+    dropped: list[tuple[int, list[Entry]]]
 
-    def has(self, key: MatchSource) -> list[Match]:
-        """Every fingerprint ``key`` has, evidence or not: where its text is."""
-        return self.sent.get(key, []) + self.served.get(key, []) + self.held.get(key, [])
+    def held(self) -> dict[MatchSource, list[int]]:
+        """Per tenant with evidence here, the response offsets where it holds the text on a diagonal of
+        its evidence: its matches, and what the model said to it and to others (``dropped``).
+
+        Not evidence, but no hole in a copy of a document that holds it either (``evidence.holes``).
+        One pass over ``dropped``, and only for the tenants with evidence.
+        """
+        out: dict[MatchSource, list[int]] = {}
+        lines: dict[int, tuple[set[tuple[int, int]], list[int]]] = {}  # tenant ref -> its diagonals, its offsets
+        for key in (*self.sent, *self.served):
+            ms = self.sent.get(key, []) + self.served.get(key, [])
+            out[key] = [m.response_offset for m in ms]
+            if isinstance(key, TenantSource):
+                lines[key.ref] = ({(m.source_doc, m.source_offset - m.response_offset) for m in ms}, out[key])
+        for offset, entries in self.dropped:
+            for e in entries:
+                tenant = lines.get(e.tenant)
+                if tenant is not None and (e.doc, e.offset - offset) in tenant[0]:
+                    tenant[1].append(offset)
+        return out
 
     def refs(self) -> set[int]:
         every = [self.own, *self.sent.values(), *self.served.values()]
@@ -306,7 +322,8 @@ def _evidence(
     mine = stretches(pieces(own, holes(c.response, own, params), params, n))
     c.response.blind_within(mine)
     sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
-    found = {k: pieces(ms, holes(c.response, ms, params, c.has(k)), params, n) for k, ms in sent.items() if ms}
+    held = c.held()
+    found = {k: pieces(ms, holes(c.response, ms, params, held[k]), params, n) for k, ms in sent.items() if ms}
     theirs = stretches([p for ps in found.values() for p in ps])
     matches = dict(sent)
     for key, ms in c.served.items():
@@ -319,7 +336,7 @@ def _evidence(
         response = c.response
         if shared is not None and isinstance(key, TenantSource):
             response = c.response.explained(shared.others(key))
-        out[key] = (ms, evaluate(response, ms, params, budget, c.has(key)))
+        out[key] = (ms, evaluate(response, ms, params, budget, held[key]))
     return out
 
 
@@ -380,7 +397,7 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
     own: list[Match] = []
     sent: dict[MatchSource, list[Match]] = {}
     served: dict[MatchSource, list[Match]] = {}
-    held: dict[MatchSource, list[Match]] = {}
+    dropped: list[tuple[int, list[Entry]]] = []
     blind = known.allowed(meta.values)
     canary_pos = known.canaries.find(meta.values)
     for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
@@ -411,10 +428,9 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
         if len(served_to) == 1 and (mine is None or mine.doc == ref):
             e = served_to[0]
             served.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
-        else:
-            for e in served_to:
-                held.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
-    return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served, held)
+        elif served_to:
+            dropped.append((offset, served_to))
+    return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served, dropped)
 
 
 @dataclass(frozen=True, slots=True)
