@@ -155,7 +155,7 @@ class Candidate:
         """
         out: dict[MatchSource, list[int]] = {}
         lines: dict[int, tuple[set[tuple[int, int]], list[int]]] = {}  # tenant ref -> its diagonals, its offsets
-        for key in (*self.sent, *self.served):
+        for key in self.sent.keys() | self.served.keys():
             ms = self.sent.get(key, []) + self.served.get(key, [])
             out[key] = [m.response_offset for m in ms]
             if isinstance(key, TenantSource):
