@@ -188,6 +188,37 @@ async def test_a_batch_slower_than_the_reclaim_time_is_processed_once(
 
 
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_an_idle_worker_stops_at_once_and_a_batch_queued_as_it_stops_is_still_processed(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Takes that block an hour: stopping must not wait them out (a restart, every test's teardown).
+    monkeypatch.setattr(worker_module, "TAKE_BLOCK_SECONDS", 3600.0)
+    monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 0.05)
+    async with running_api(settings.model_copy(update={"ingest_workers": 0})) as api:
+        queue = deps(api).index.queue()
+        worker = worker_module.IngestWorker(deps(api).ingestor, queue, 2, 30.0)
+        worker.start()
+        await asyncio.sleep(0.2)  # both blocked in take
+        await asyncio.wait_for(worker.stop(), 30)
+        # A batch arrives as the worker stops: it may wake a take that stop then cancels.
+        worker.start()
+        await asyncio.sleep(0.2)
+        batches = traffic(time.time())
+        await queue.put(b"req-as-it-stops\n" + orjson.dumps({"exchanges": batches["source"] + batches["leak"]}), 10)
+        await asyncio.wait_for(worker.stop(), 30)
+        # Processed before it stopped (the embedded queue's), or pending and reclaimed (Redis').
+        other = worker_module.IngestWorker(deps(api).ingestor, queue, 1, 0.2)
+        other.start()
+
+        async def done() -> bool:
+            return await queue.size() == 0
+
+        await eventually(done)
+        await asyncio.wait_for(other.stop(), 30)
+        assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
 async def test_a_batch_that_keeps_failing_goes_to_the_dead_letters_and_back_once_fixed(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -359,7 +359,10 @@ class MemoryQueue:
             if left <= 0:
                 return None
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
+                # asyncio.timeout, not wait_for: a cancel that lands as the event fires must
+                # still cancel (the worker's stop), not return into another hour-long wait.
+                async with asyncio.timeout(left):
+                    await self._arrived.wait()
             except TimeoutError:
                 return None
 

@@ -67,6 +67,7 @@ class IngestWorker:
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._waiting: set[asyncio.Future[tuple[str, bytes] | None]] = set()  # takes blocked on an empty queue
         self._recovery: Periodic | None = None
 
     def start(self) -> None:
@@ -82,6 +83,8 @@ class IngestWorker:
     async def stop(self) -> None:
         """Finish the batches in hand; a durable queue keeps the rest for the other replicas."""
         self._stopping = True
+        for take in self._waiting:  # nothing in hand: no reason to wait out the block
+            take.cancel()
         await asyncio.gather(*self._tasks)
         self._tasks = []
         if self._recovery is not None:
@@ -92,7 +95,7 @@ class IngestWorker:
         # The embedded queue lives in this process and is not durable: it is emptied before exit.
         while not (self._stopping and self._queue.durable):
             try:
-                taken = await self._queue.take(self.consumer, TAKE_BLOCK_SECONDS, lane)
+                taken = await self._take(lane)
             except OUTAGE as exc:
                 log.warning("ingest_queue_unreachable", extra={"exc_type": type(exc).__name__})
                 await asyncio.sleep(TAKE_BLOCK_SECONDS)
@@ -105,6 +108,27 @@ class IngestWorker:
                 await self._handle(*taken, deliveries=1)
             elif self._stopping:
                 return
+
+    async def _take(self, lane: int) -> tuple[str, bytes] | None:
+        """The next batch, or None after a block with nothing new, or once ``stop`` is called.
+
+        ``stop`` cancels a take that is blocked, so a replica stops at once when idle. Cancelled,
+        a Redis client drops its connection; a batch Redis handed over just then stays pending
+        under this consumer, and another replica reclaims it, as after a crash. The embedded queue
+        is looked at once more without waiting: a batch that woke the take just before is this
+        process's to finish.
+        """
+        take = asyncio.ensure_future(self._queue.take(self.consumer, 0 if self._stopping else TAKE_BLOCK_SECONDS, lane))
+        self._waiting.add(take)
+        try:
+            await asyncio.wait({take})
+        finally:
+            self._waiting.discard(take)
+            take.cancel()  # only if this task itself was cancelled while it waited
+        if not take.cancelled() and not (self._stopping and take.exception() is not None):
+            return take.result()
+        # Cancelled, or failing as it was (a client may turn the cancel into a connection error).
+        return None if self._queue.durable else await self._queue.take(self.consumer, 0, lane)
 
     async def _handle(self, item_id: str, item: bytes, deliveries: int) -> None:
         holder = asyncio.create_task(self._hold(item_id), name=f"hold-{item_id}")
