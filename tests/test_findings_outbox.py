@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import orjson
 import pytest
+from sqlalchemy import select
 
 from bleedwatch.client import BleedwatchClient
 from service import metrics
@@ -29,6 +30,7 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.findings import store as findings_store
 from service.findings.draft import FindingDraft
+from service.findings.models import Finding
 from service.findings.severity import Severity
 from service.findings.writer import FindingsWriter, decode_draft, encode_draft
 from service.index.base import Index
@@ -113,6 +115,37 @@ def _draft(recipient_request_id: str) -> FindingDraft:
         severity=Severity.HIGH,
         evidence={"sources": [{"tenant": "a", "ranges": [{"response": [1, 45]}]}]},
     )
+
+
+@pytest.mark.parametrize("settings", BACKENDS, indirect=True)
+async def test_the_database_keeps_the_draft_that_replaces_says(settings: Settings) -> None:
+    # bench/eval/offline.py keeps findings in memory by store.replaces: it must be upsert's rule.
+    if settings.database_url is None:
+        upgrade(settings)
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    strengths = [(9, 20, 5), (9, 20, 3), (9, 20, None), (10, 20, 9), (9, 21, 9), (8, 30, 1), (12, 10, 1)]
+    for i, old in enumerate(strengths):
+        for j, new in enumerate(strengths):
+            drafts = [
+                dataclasses.replace(
+                    _draft(f"r-{i}-{j}"),
+                    source_tenant=name,
+                    matched_fingerprints=m,
+                    longest_run_tokens=r,
+                    source_ref=ref,
+                )
+                for name, (m, r, ref) in (("old", old), ("new", new))
+            ]
+            for draft in drafts:
+                async with session_scope(sessions) as session:
+                    await findings_store.upsert(session, draft)
+            async with session_scope(sessions) as session:
+                kept = await session.scalar(
+                    select(Finding.source_tenant).where(Finding.recipient_request_id == f"r-{i}-{j}")
+                )
+            assert (kept == "new") == findings_store.replaces(drafts[1], drafts[0]), (old, new)
+    await engine.dispose()
 
 
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)

@@ -20,6 +20,7 @@ from bleedwatch.exchange import fingerprint_exchange
 from bleedwatch.fingerprint.scheme import Params, fingerprint_text
 from service.config import Settings
 from service.findings.draft import FindingDraft
+from service.findings.store import replaces
 from service.findings.writer import FindingsWriter, Written
 from service.index.base import DocMeta, Kind
 from service.index.memory import MemoryIndex
@@ -69,14 +70,17 @@ class Replayed:
 
 
 class _Collect(FindingsWriter):
-    """Findings are upserts on the recipient's request: the last draft of each is what the database holds."""
+    """Findings are upserts on the recipient's request, kept as the database keeps them (``store.replaces``):
+    a later draft replaces an earlier one only if it is stronger, not because it is later."""
 
     def __init__(self) -> None:
         self.drafts: dict[str, FindingDraft] = {}
 
     async def write(self, drafts: list[FindingDraft]) -> Written | None:
         for d in drafts:
-            self.drafts[d.recipient_request_id] = d
+            old = self.drafts.get(d.recipient_request_id)
+            if old is None or replaces(d, old):
+                self.drafts[d.recipient_request_id] = d
         return None
 
 

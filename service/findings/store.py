@@ -17,6 +17,16 @@ from service.findings.models import Finding
 NO_REF = 1 << 62  # a finding stored before source_ref existed yields to an equally strong one that has it
 
 
+def replaces(new: FindingDraft, old: FindingDraft) -> bool:
+    """``upsert``'s rule, for a replay that keeps findings in memory (bench/eval/offline.py): the
+    same condition as its ``WHERE``."""
+    if (new.matched_fingerprints, new.longest_run_tokens) != (old.matched_fingerprints, old.longest_run_tokens):
+        return new.matched_fingerprints > old.matched_fingerprints or new.longest_run_tokens > old.longest_run_tokens
+    return (NO_REF if new.source_ref is None else new.source_ref) < (
+        NO_REF if old.source_ref is None else old.source_ref
+    )
+
+
 async def upsert(session: AsyncSession, draft: FindingDraft) -> tuple[int, bool] | None:
     """Insert a new finding; replace an existing one only with stronger evidence, or with evidence as
     strong from a source accepted earlier (``source_ref``: the order evaluations run in, which
