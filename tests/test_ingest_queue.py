@@ -195,7 +195,7 @@ async def test_an_idle_worker_stops_at_once_and_a_batch_queued_as_it_stops_is_st
     monkeypatch.setattr(worker_module, "TAKE_BLOCK_SECONDS", 3600.0)
     monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 0.05)
     async with running_api(settings.model_copy(update={"ingest_workers": 0})) as api:
-        queue = deps(api).index.queue()
+        queue: Queue = deps(api).index.queue()
         worker = worker_module.IngestWorker(deps(api).ingestor, queue, 2, 30.0)
         worker.start()
         await asyncio.sleep(0.2)  # both blocked in take
