@@ -250,7 +250,7 @@ def test_the_real_licensedb_imports_once_and_silences_a_quoted_mit_license(
     assert service.cli("allowlist", "import-public") == 0
     out = capsys.readouterr().out
     with capsys.disabled():
-        print(out)  # the bundle's size and the import's time, with -s
+        print(out)  # the bundle's size and the import's time, shown past the capture
     match = re.search(r"added; ([\d,]+) texts, ([\d,]+) distinct fingerprints", out)
     assert match, out
     texts, fingerprints = (int(g.replace(",", "")) for g in match.groups())
