@@ -18,13 +18,15 @@ NO_REF = 1 << 62  # a finding stored before source_ref existed yields to an equa
 
 
 def replaces(new: FindingDraft, old: FindingDraft) -> bool:
-    """``upsert``'s rule, for a replay that keeps findings in memory (bench/eval/offline.py): the
-    same condition as its ``WHERE``."""
-    if (new.matched_fingerprints, new.longest_run_tokens) != (old.matched_fingerprints, old.longest_run_tokens):
-        return new.matched_fingerprints > old.matched_fingerprints or new.longest_run_tokens > old.longest_run_tokens
-    return (NO_REF if new.source_ref is None else new.source_ref) < (
-        NO_REF if old.source_ref is None else old.source_ref
-    )
+    """``upsert``'s ``WHERE``, term for term, for a replay that keeps findings in memory
+    (bench/eval/offline.py)."""
+    stronger = new.matched_fingerprints > old.matched_fingerprints or new.longest_run_tokens > old.longest_run_tokens
+    as_strong = (new.matched_fingerprints, new.longest_run_tokens) == (old.matched_fingerprints, old.longest_run_tokens)
+    return stronger or (as_strong and _ref(new) < _ref(old))
+
+
+def _ref(draft: FindingDraft) -> int:
+    return NO_REF if draft.source_ref is None else draft.source_ref
 
 
 async def upsert(session: AsyncSession, draft: FindingDraft) -> tuple[int, bool] | None:
