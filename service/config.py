@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     min_copy_score: int = Field(9, ge=1)
     high_run_tokens: int = Field(32, ge=1)
     critical_run_tokens: int = Field(128, ge=1)
+    # The longest a request lasts at the gateway, clock skew included: a prompt sent more than this after
+    # an answer is not its source (docs/detection.md).
+    max_request_seconds: int = Field(900, ge=0, le=86400)
     lists_refresh_seconds: float = Field(10.0, ge=0)
 
     # Input limits: every one answers 4xx with a message, never a silent drop.

@@ -72,7 +72,7 @@ def build_pipeline(settings: Settings, sessions: async_sessionmaker[AsyncSession
     known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
     ingestor = Ingestor(
         index,
-        Matcher(index, known, thresholds(settings)),
+        Matcher(index, known, thresholds(settings), settings.max_request_seconds),
         sessions,
         limits(settings),
         writer,

@@ -212,6 +212,19 @@ async def test_text_someone_sent_came_from_that_prompt_whoever_was_served_it(api
     assert {(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)} == {("b", "a"), ("c", "a")}
 
 
+async def test_a_prompt_sent_long_after_an_answer_is_not_its_source(api: Api) -> None:
+    # A request lasts at most BLEEDWATCH_MAX_REQUEST_SECONDS (900): a text first sent later than that
+    # after the answer was not in the pages it was generated from, whenever it arrives.
+    now = time.time()
+    secret, other = words("argparse", 0, 60), words("difflib", 0, 60)
+    await post(api, ex("b", "b1", words("heapq"), f"Quoting: {secret} and {other}", now - 1200))
+    await post(api, ex("a", "a1", secret, words("csv", 0, 30), now))  # 20 minutes after the answer
+    await post(api, ex("c", "c1", other, words("json", 0, 30), now - 1200 + 60))  # a minute after: in time
+    (f,) = await findings(api)
+    assert (f["recipient_tenant"], f["source_tenant"]) == ("b", "c")
+    assert [s["tenant"] for s in f["evidence"]["sources"]] == ["c"]
+
+
 async def test_an_answer_that_echoes_the_recipients_winnowed_prompt_is_its_own_text(api: Api) -> None:
     # The prompt keeps about one shingle in three; the echo's other shingles are also in the
     # answer a earlier got from it (a leak), and must not make that answer b's source.

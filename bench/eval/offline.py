@@ -31,8 +31,10 @@ from service.matching.known import NO_CANARIES, Known, KnownFingerprints
 from service.matching.matcher import Matcher
 from service.matching.thresholds import thresholds
 
-# The traffic's clock: an exchange a hundredth of a second, ending before the replay starts.
-SECONDS_PER_EXCHANGE = 0.01
+# The traffic's clock: an exchange every quarter second, ending before the replay starts. The 12,160
+# exchanges of a run then span 51 minutes, most of the default one-hour window, as a gateway's would:
+# a quote sent long after an answer is as far from it as in real traffic (BLEEDWATCH_MAX_REQUEST_SECONDS).
+SECONDS_PER_EXCHANGE = 0.25
 
 
 class _Allowlist(KnownFingerprints):
@@ -67,6 +69,11 @@ class Replayed:
         """What the matcher finds in that response now, per source tenant (``Matcher.why``)."""
         key_id, ref, tenant = self.index.responses[recipient_request]
         return await self.matcher.why(key_id, ref, tenant, time.time())
+
+    async def judge_again(self, recipient_request: str) -> FindingDraft | None:
+        """That response judged against the index as it is now (``Matcher.judge_again``)."""
+        key_id, ref, tenant = self.index.responses[recipient_request]
+        return await self.matcher.judge_again(key_id, ref, tenant, time.time())
 
 
 class _Collect(FindingsWriter):
@@ -104,7 +111,7 @@ async def replay(
     )
     index.responses = {}
     writer = _Collect()
-    matcher = Matcher(index, _Allowlist(allowed), thresholds(settings))
+    matcher = Matcher(index, _Allowlist(allowed), thresholds(settings), settings.max_request_seconds)
     limits = Limits(
         settings.max_batch_exchanges, settings.max_fingerprints_per_text, 10**9, None, settings.accepted_key_ids
     )

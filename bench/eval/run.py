@@ -223,6 +223,27 @@ def explain(traffic: Traffic, false: list[dict[str, Any]], findings: list[dict[s
                 )
 
 
+def judge_again(
+    traffic: Traffic,
+    findings: list[dict[str, Any]],
+    public: list[list[str]],
+    replayed: offline.Replayed,
+    result: dict[str, Any],
+) -> None:
+    """Which findings are no finding against the window at the end of the traffic, and the scores
+    without them: what withdrawing findings that later text explains would do (bench/eval/RESULTS.md)."""
+    false = {f["recipient_request_id"] for f in result["false_findings"]}
+    kept = [f for f in findings if asyncio.run(replayed.judge_again(f["recipient_request_id"])) is not None]
+    gone = {f["recipient_request_id"] for f in findings} - {f["recipient_request_id"] for f in kept}
+    again = score(traffic, kept, public)
+    print(
+        f"\njudged again at the end: {len(gone & false)} of {len(false)} false findings and "
+        f"{len(gone - false)} of {len(findings) - len(false)} true ones are no finding; without them "
+        f"precision {again['precision']:.4f}, 16 words {again['recall_16']:.3f}, "
+        f"24 words and up {again['recall_24_up']:.3f}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tenants", type=int, default=50)
@@ -249,6 +270,11 @@ def main() -> None:
     )
     p.add_argument(
         "--why-missed", type=int, default=0, metavar="WORDS", help="explain each missed leak this long or longer"
+    )
+    p.add_argument(
+        "--judge-again",
+        action="store_true",
+        help="judge every finding again against the index at the end: how many the rest of the window explains",
     )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (SDK parameter)")
@@ -310,6 +336,10 @@ def main() -> None:
                     f"- {leak.span}/{leak.perturbation}/{leak.source_kind} {leak.source_tenant} -> "
                     f"{leak.recipient_request}: {got.get(leak.source_tenant, 'nothing of the source')}"
                 )
+    if args.judge_again:
+        if not args.offline:
+            sys.exit("--judge-again needs --offline: it asks the in-process index")
+        judge_again(traffic, findings, public, replayed, result)
     if args.explain:
         explain(traffic, result["false_findings"], findings, args.explain)
     if args.json:

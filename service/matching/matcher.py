@@ -173,10 +173,13 @@ class Candidate:
 
 
 class Matcher:
-    def __init__(self, index: Index, known: KnownFingerprints, thresholds: Thresholds) -> None:
+    def __init__(
+        self, index: Index, known: KnownFingerprints, thresholds: Thresholds, max_request_seconds: float = 900.0
+    ) -> None:
         self._index = index
         self._known = known
         self._t = thresholds
+        self._lead = max_request_seconds  # how long after an answer a prompt may still be its source (_sent_first)
 
     @tracing.traced("match")
     async def evaluate(
@@ -232,7 +235,7 @@ class Matcher:
     ) -> FindingDraft | None:
         meta = c.meta
         summaries = []
-        for key, (_, copied) in _evidence(c, sources, params, budget).items():
+        for key, (_, copied) in _evidence(c, sources, params, budget, self._lead).items():
             if is_finding(copied, self._t):
                 good = [x for x in copied if x.score >= self._t.min_score]
                 summaries.append(_summarise(key, good, sources, meta.token_count, meta.params.n))
@@ -267,19 +270,41 @@ class Matcher:
             source_ref=top.first_ref,
         )
 
-    async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
-        """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
-        steps, for the evaluation's diagnosis of a missed leak (bench/eval/run.py --why-missed)."""
+    async def _again(
+        self, key_id: str, ref: int, recipient: int, now: float
+    ) -> tuple[Candidate, list[Lookup], dict[int, Source]] | None:
+        """One response classified against the index as it is now, with its sources: for the evaluation's
+        diagnoses (``why``, ``judge_again``), which ask about a response long after it was judged."""
         meta = (await self._index.get_docs(key_id, [ref], now)).get(ref)
         if meta is None or meta.values is None:
-            return {}
+            return None
         known = await self._known.get(key_id)
         lookups = await self._index.lookup(key_id, meta.values, now)
         (c,) = _classify_all([(ref, recipient, meta)], lookups, known)
-        sources = await self._sources(key_id, sorted(c.refs()), known, now)
+        return c, lookups, await self._sources(key_id, sorted(c.refs()), known, now)
+
+    async def judge_again(self, key_id: str, ref: int, recipient: int, now: float) -> FindingDraft | None:
+        """What judging one response finds against the index as it is now: the evaluation asks it of every
+        finding at the end of its traffic (bench/eval/run.py --judge-again), to count those the rest of
+        the window explains (text that became common after the finding, say)."""
+        again = await self._again(key_id, ref, recipient, now)
+        if again is None:
+            return None
+        c, _, sources = again
+        return self._judge(key_id, c, sources, {r: s.params for r, s in sources.items()}, Budget())
+
+    async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
+        """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
+        steps, for the evaluation's diagnosis of a missed leak (bench/eval/run.py --why-missed)."""
+        again = await self._again(key_id, ref, recipient, now)
+        if again is None:
+            return {}
+        c, lookups, sources = again
         raw = {k: len(v) for k, v in c.sent.items()} | {k: len(v) for k, v in c.served.items()}
         out = {}
-        for key, (kept, copied) in _evidence(c, sources, {r: s.params for r, s in sources.items()}, Budget()).items():
+        for key, (kept, copied) in _evidence(
+            c, sources, {r: s.params for r, s in sources.items()}, Budget(), self._lead
+        ).items():
             best = max(copied, key=lambda x: x.score, default=None)
             pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
             tenant = next((sources[m.source_doc].tenant for m in kept), str(key))
@@ -308,8 +333,15 @@ def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int)
     return source is not None and (source.ts, source_ref) < (meta.ts, ref)
 
 
+def _sent_first(source: Source | None, meta: DocMeta, lead: float) -> bool:
+    """A prompt may be the source of an answer served before it by at most ``lead`` seconds, the longest
+    a request lasts (a request's time is when the gateway saw it, often its end, and its prompt was in
+    the pool from its start): a prompt sent later cannot be in the pages the answer was generated from."""
+    return source is not None and source.ts <= meta.ts + lead
+
+
 def _evidence(
-    c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget
+    c: Candidate, sources: dict[int, Source], params: dict[int, Params], budget: Budget, lead: float
 ) -> dict[MatchSource, tuple[list[Match], list[Copy]]]:
     """Each source's matches that count, and its copies."""
     n = c.meta.params.n
@@ -325,7 +357,12 @@ def _evidence(
     held = c.held()
     found = {k: pieces(ms, holes(c.response, ms, params, held[k]), params, n) for k, ms in sent.items() if ms}
     theirs = stretches([p for ps in found.values() for p in ps])
-    matches = dict(sent)
+    # A prompt sent after the answer is no source of it, but still says whose text is no secret (Shared).
+    matches = {}
+    for key, ms in sent.items():
+        first = [m for m in ms if _sent_first(sources.get(m.source_doc), c.meta, lead)]
+        if first:
+            matches[key] = first
     for key, ms in c.served.items():
         kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], mine)
         # Text another tenant sent came from its prompt, whoever else was served it since.
