@@ -24,10 +24,10 @@ def _traffic(*exchanges: tuple[str, str, list[str], list[str]]) -> Traffic:
 async def test_judging_again_at_the_end_drops_what_later_text_explains_and_keeps_a_leak() -> None:
     traffic = _traffic(
         ("t0", "t0-1", NOTICE + SECRET, words("json", 0, 30).split()),
-        ("t9", "t9-1", words("heapq").split(), ["quoting"] + NOTICE),  # one tenant had sent it: a finding
-        ("t8", "t8-1", words("heapq", 40).split(), ["leaked"] + SECRET),  # only t0 ever sent it
-        ("t1", "t1-1", ["see"] + NOTICE, words("csv", 0, 30).split()),  # two more send the notice:
-        ("t2", "t2-1", ["also"] + NOTICE, words("sqlite3", 0, 30).split()),  # common from here on
+        ("t9", "t9-1", words("heapq").split(), ["quoting", *NOTICE]),  # one tenant had sent it: a finding
+        ("t8", "t8-1", words("heapq", 40).split(), ["leaked", *SECRET]),  # only t0 ever sent it
+        ("t1", "t1-1", ["see", *NOTICE], words("csv", 0, 30).split()),  # two more send the notice:
+        ("t2", "t2-1", ["also", *NOTICE], words("sqlite3", 0, 30).split()),  # common from here on
     )
     # One exchange a batch: t9 is judged before t1 and t2 send the notice.
     replayed = await offline.replay(traffic, KEY, DEFAULT_PARAMS, np.empty(0, np.uint64), batch=1)
@@ -37,4 +37,5 @@ async def test_judging_again_at_the_end_drops_what_later_text_explains_and_keeps
     ]
     assert await replayed.judge_again("t9-1") is None
     leak = await replayed.judge_again("t8-1")
-    assert leak is not None and leak.source_tenant == "t0"
+    assert leak is not None
+    assert leak.source_tenant == "t0"
