@@ -334,11 +334,11 @@ def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int)
     return source is not None and (source.ts, source_ref) < (meta.ts, ref)
 
 
-def _sent_first(source: Source | None, meta: DocMeta, lead: float) -> bool:
+def _sent_first(source: Source, meta: DocMeta, lead: float) -> bool:
     """A prompt may be the source of an answer served before it by at most ``lead`` seconds, the longest
     a request lasts (a request's time is when the gateway saw it, often its end, and its prompt was in
     the pool from its start): a prompt sent later cannot be in the pages the answer was generated from."""
-    return source is not None and source.ts <= meta.ts + lead
+    return source.ts <= meta.ts + lead
 
 
 def _evidence(
@@ -361,7 +361,7 @@ def _evidence(
     # A prompt sent after the answer is no source of it, but still says whose text is no secret (Shared).
     matches = {}
     for key, ms in sent.items():
-        first = [m for m in ms if _sent_first(sources.get(m.source_doc), c.meta, lead)]
+        first = [m for m in ms if _sent_first(sources[m.source_doc], c.meta, lead)]  # in params: a known source
         if first:
             matches[key] = first
     for key, ms in c.served.items():
