@@ -39,3 +39,17 @@ async def test_judging_again_at_the_end_drops_what_later_text_explains_and_keeps
     leak = await replayed.judge_again("t8-1")
     assert leak is not None
     assert leak.source_tenant == "t0"
+
+
+async def test_why_marks_the_copy_and_what_no_other_tenant_holds() -> None:
+    traffic = _traffic(
+        ("t0", "t0-1", SECRET, words("json", 0, 30).split()),
+        ("t8", "t8-1", words("heapq").split(), [*words("csv", 0, 12).split(), *SECRET]),
+    )
+    replayed = await offline.replay(traffic, KEY, DEFAULT_PARAMS, np.empty(0, np.uint64))
+    got = (await replayed.why("t8-1"))["t0"]
+    letters = got.split(": ")[-1]
+    # The copy is counted; the recipient's own words before it are in the index only as its own answer.
+    assert "#" in letters
+    assert letters.startswith(".")
+    assert "x" not in letters

@@ -310,7 +310,9 @@ class Matcher:
             pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
             tenant = next((sources[m.source_doc].tenant for m in kept), str(key))
             score = "-" if best is None else best.score
-            around = "" if best is None else _around(c, lookups, kept, best.pieces[0].start, best.pieces[-1].end)
+            around = (
+                "" if best is None else _around(c, lookups, kept, recipient, best.pieces[0].start, best.pieces[-1].end)
+            )
             out[tenant] = f"{raw.get(key, 0)} matched, {len(kept)} counted, best copy {score}: {pieces_}{around}"
         return out
 
@@ -542,15 +544,17 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _around(c: Candidate, lookups: list[Lookup], kept: list[Match], lo: int, hi: int) -> str:
-    """One letter per response fingerprint near a copy, for ``why``: counted (#), blind (b), the
-    recipient's own (o), another tenant's (x), held by nobody (.)."""
+def _around(c: Candidate, lookups: list[Lookup], kept: list[Match], recipient: int, lo: int, hi: int) -> str:
+    """One letter per response fingerprint near a copy, for ``why``: counted (#), blind (b), in the
+    recipient's own prompt (o), another tenant's (x), no other tenant's (.): the response itself is in
+    the index, so every fingerprint is the recipient's at least."""
     counted = {m.response_offset for m in kept}
     own = {m.response_offset for m in c.own}
     letters = []
     for i, offset in enumerate(c.meta.offsets.tolist() if c.meta.offsets is not None else []):
         if lo - 8 <= offset < hi + 8:
-            found = lookups[i].entries
+            entries = lookups[i].entries
+            others = entries is not None and any(e.tenant != recipient for e in entries)
             letter = (
                 "#"
                 if offset in counted
@@ -559,7 +563,7 @@ def _around(c: Candidate, lookups: list[Lookup], kept: list[Match], lo: int, hi:
                 else "o"
                 if offset in own
                 else "."
-                if not found
+                if not others
                 else "x"
             )
             letters.append(letter)
