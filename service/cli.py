@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, check_key
 from service.auth.keys import Role
 from service.responder import add_parsers as add_responder_parsers
 from service.tools.sim.cli import add_parser as add_sim_parser
@@ -142,16 +142,29 @@ def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | Non
     if not key:
         print("give the gateway's fingerprint key: --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)", file=sys.stderr)
         return None
+    try:
+        raw = bytes.fromhex(key)
+        check_key(raw)
+    except ValueError as exc:
+        reason = str(exc) if str(exc).startswith("the fingerprint key") else "the fingerprint key must be hex"
+        print(f"{reason}: the gateway's key, in hex (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
+        return None
     if not args.api_key:
         print(f"give an {role} API key: --api-key or BLEEDWATCH_API_KEY", file=sys.stderr)
         return None
-    return bytes.fromhex(key), args.api_key
+    return raw, args.api_key
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL", "http://127.0.0.1:8400"))
-    p.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"))
-    p.add_argument("--key-file", help="file holding the gateway's fingerprint key in hex")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("BLEEDWATCH_URL", "http://127.0.0.1:8400"),
+        help="the service (default BLEEDWATCH_URL, else http://127.0.0.1:8400)",
+    )
+    p.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"), help="default BLEEDWATCH_API_KEY")
+    p.add_argument(
+        "--key-file", help="file holding the gateway's fingerprint key in hex (default BLEEDWATCH_FINGERPRINT_KEY)"
+    )
 
 
 def _allowlist(args: argparse.Namespace) -> int:
@@ -215,7 +228,13 @@ def _replay(args: argparse.Namespace) -> int:
     keys = _client_args(args, "ingest")
     if keys is None:
         return 2
-    result = asyncio.run(replay_file(args.file, url=args.url, api_key=keys[1], key=keys[0], batch_size=args.batch_size))
+    try:
+        result = asyncio.run(
+            replay_file(args.file, url=args.url, api_key=keys[1], key=keys[0], batch_size=args.batch_size)
+        )
+    except (OSError, ValueError) as exc:  # the file: unreadable, or a line that is no exchange
+        print(f"bleedwatch replay: {exc}", file=sys.stderr)
+        return 2
     print(
         f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
         f"{result.findings} findings, {result.rate:,.0f} exchanges/s"
@@ -301,9 +320,13 @@ def parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_migrate)
 
     r = sub.add_parser("replay", help="fingerprint a JSON Lines traffic file and send it")
-    r.add_argument("file")
+    r.add_argument(
+        "file",
+        help="one exchange a line: ts (epoch seconds or ISO 8601), tenant, request_id, model, prompt, "
+        "response, and optionally meta (an object)",
+    )
     _add_client_flags(r)
-    r.add_argument("--batch-size", type=int, default=200)
+    r.add_argument("--batch-size", type=int, default=200, help="exchanges a request (default 200)")
     r.set_defaults(func=_replay)
 
     a = sub.add_parser("allowlist", help="allowlist public text (fingerprinted here; only hashes are sent)")

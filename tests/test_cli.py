@@ -97,6 +97,50 @@ def test_replay_without_keys_explains(embedded_env: Settings, capsys: pytest.Cap
     assert "fingerprint key" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b"[1, 2]", "traffic.jsonl:2: not a JSON object"),
+        (b'{"ts": 1, "tenant": "a"}', "traffic.jsonl:2: missing model, prompt, request_id, response"),
+        (b'{"ts": 1, "tenant": 7, "request_id": "r", "model": "m", "prompt": "p", "response": "r"}', "tenant is not"),
+        (b'{"ts": "friday", "tenant": "a", "request_id": "r", "model": "m", "prompt": "p", "response": "r"}', "ts is"),
+        (b'{"ts": true, "tenant": "a", "request_id": "r", "model": "m", "prompt": "p", "response": "r"}', "ts is"),
+        (
+            b'{"ts": 1, "tenant": "a", "request_id": "r", "model": "m", "prompt": "p", "response": "r", "meta": 3}',
+            "meta",
+        ),
+        (b"{", "traffic.jsonl:2: not JSON"),
+    ],
+)
+def test_replay_names_the_line_that_is_no_exchange_and_sends_nothing(
+    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str], line: bytes, error: str
+) -> None:
+    good = b'{"ts": 1, "tenant": "a", "request_id": "r0", "model": "m", "prompt": "p", "response": "r"}'
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_bytes(good + b"\n" + line + b"\n")
+    # Nothing listens on this port: the file is read whole before anything is sent.
+    args = ["replay", str(traffic), "--url", "http://127.0.0.1:9", "--api-key", "bw_a_b", "--key-file"]
+    key_file = tmp_path / "key.hex"
+    key_file.write_text(KEY.hex())
+    assert main([*args, str(key_file)]) == 2
+    err = capsys.readouterr().err
+    assert error in err
+    assert "Traceback" not in err
+
+
+def test_replay_explains_a_missing_file_and_a_key_that_is_no_key(
+    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "key.hex"
+    key_file.write_text(KEY.hex())
+    assert main(["replay", str(tmp_path / "none.jsonl"), "--api-key", "bw_a_b", "--key-file", str(key_file)]) == 2
+    assert "No such file" in capsys.readouterr().err
+    for bad, reason in (("zz", "must be hex"), ("abcd", "must be 16 to")):
+        key_file.write_text(bad)
+        assert main(["replay", "x.jsonl", "--api-key", "bw_a_b", "--key-file", str(key_file)]) == 2
+        assert reason in capsys.readouterr().err
+
+
 def test_demo_catches_its_leak(capsys: pytest.CaptureFixture[str]) -> None:
     """The incident end to end: the buggy engine's leaks are findings, the fixed engine's traffic none."""
     assert main(["demo"]) == 0

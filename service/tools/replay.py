@@ -38,13 +38,34 @@ def read_traffic(path: str | Path) -> Iterator[dict[str, Any]]:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            missing = {"ts", "tenant", "request_id", "model", "prompt", "response"} - record.keys()
-            if missing:
-                raise ValueError(f"{path}:{number}: missing {', '.join(sorted(missing))}")
-            yield record
+            try:
+                exchange = _exchange(record)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
+            yield exchange
+
+
+def _exchange(record: Any) -> dict[str, Any]:
+    """The line's exchange with its time parsed; a ValueError that says what to fix if it is none."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    missing = {"ts", "tenant", "request_id", "model", "prompt", "response"} - record.keys()
+    if missing:
+        raise ValueError(f"missing {', '.join(sorted(missing))}")
+    for field in ("tenant", "request_id", "model", "prompt", "response"):
+        if not isinstance(record[field], str):
+            raise ValueError(f"{field} is not a string")
+    if not isinstance(record.get("meta") or {}, dict):
+        raise ValueError("meta is not an object")
+    try:
+        return record | {"ts": _ts(record["ts"])}
+    except (TypeError, ValueError):
+        raise ValueError("ts is neither epoch seconds nor ISO 8601") from None
 
 
 def _ts(value: Any) -> float | datetime:
+    if isinstance(value, bool):
+        raise TypeError("a boolean is no time")
     return datetime.fromisoformat(value) if isinstance(value, str) else float(value)
 
 
@@ -82,7 +103,7 @@ async def replay_records(
                     tenant=r["tenant"],
                     request_id=r["request_id"],
                     model=r["model"],
-                    ts=_ts(r["ts"]),
+                    ts=r["ts"],
                     meta=r.get("meta") or {},
                 )
             )
