@@ -93,9 +93,13 @@ def _when(iso: str) -> str:
 
 
 def _processed(reader: httpx.Client, timeout_seconds: float = 60.0) -> None:
-    """Until bleedwatch has processed every batch the gateway delivered (answered once queued)."""
+    """Until bleedwatch has processed every batch the gateway delivered (answered once queued), and
+    written every finding: one the database could not take at once waits in the outbox."""
     deadline = time.monotonic() + timeout_seconds
-    while reader.get("/v1/queue").json()["queued"] and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        status = reader.get("/v1/queue").json()
+        if not status["queued"] and not status["findings_held"]:
+            return
         time.sleep(0.05)
 
 
