@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -89,12 +89,13 @@ class Progress:
 
 
 async def replay_records(
-    records: list[dict[str, Any]], *, url: str, api_key: str, key: bytes, batch_size: int = 200
+    records: Iterable[dict[str, Any]], total: int, *, url: str, api_key: str, key: bytes, batch_size: int = 200
 ) -> ReplayResult:
     start = time.perf_counter()
-    progress = Progress(len(records))
+    progress = Progress(total)
+    sent = 0
     async with BleedwatchClient(url, api_key, batch_size=batch_size, wait_for_processing=True) as client:
-        for i, r in enumerate(records, 1):
+        for sent, r in enumerate(records, 1):
             await client.submit(
                 fingerprint_exchange(
                     r["prompt"],
@@ -107,12 +108,15 @@ async def replay_records(
                     meta=r.get("meta") or {},
                 )
             )
-            progress.update(i)
+            progress.update(sent)
         await client.flush()
     progress.close()
     elapsed = time.perf_counter() - start
-    return ReplayResult(len(records), client.accepted, client.duplicates, client.findings, len(records) / elapsed)
+    return ReplayResult(sent, client.accepted, client.duplicates, client.findings, sent / elapsed)
 
 
 async def replay_file(path: str, *, url: str, api_key: str, key: bytes, batch_size: int = 200) -> ReplayResult:
-    return await replay_records(list(read_traffic(path)), url=url, api_key=api_key, key=key, batch_size=batch_size)
+    """Two passes: the first checks every line, so that a bad one stops the replay before anything is
+    sent, and counts them for the progress bar; the second sends, a batch in memory at a time."""
+    total = sum(1 for _ in read_traffic(path))
+    return await replay_records(read_traffic(path), total, url=url, api_key=api_key, key=key, batch_size=batch_size)
