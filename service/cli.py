@@ -237,7 +237,7 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     print(
         f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
-        f"{result.findings} findings, {result.rate:,.0f} exchanges/s"
+        f"findings created or extended {result.findings} times, {result.rate:,.0f} exchanges/s"
     )
     return 0
 
