@@ -221,7 +221,7 @@ class Matcher:
 
     def _judge_all(self, key_id: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
         drafts = []
-        params = {ref: s.params for ref, s in sources.items()}
+        params = _params(sources)
         for candidate in judged:
             budget = Budget()
             draft = self._judge(key_id, candidate, sources, params, budget)
@@ -292,7 +292,7 @@ class Matcher:
         if again is None:
             return None
         c, _, sources = again
-        return self._judge(key_id, c, sources, {r: s.params for r, s in sources.items()}, Budget())
+        return self._judge(key_id, c, sources, _params(sources), Budget())
 
     async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
         """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
@@ -303,9 +303,7 @@ class Matcher:
         c, lookups, sources = again
         raw = {k: len(v) for k, v in c.sent.items()} | {k: len(v) for k, v in c.served.items()}
         out = {}
-        for key, (kept, copied) in _evidence(
-            c, sources, {r: s.params for r, s in sources.items()}, Budget(), self._lead
-        ).items():
+        for key, (kept, copied) in _evidence(c, sources, _params(sources), Budget(), self._lead).items():
             best = max(copied, key=lambda x: x.score, default=None)
             pieces_ = [] if best is None else [(p.start, p.end, p.fingerprints) for p in best.pieces]
             tenant = next((sources[m.source_doc].tenant for m in kept), str(key))
@@ -328,6 +326,11 @@ class Matcher:
                 label = known.canaries.labels[cid]
                 out[ref] = Source(known.canaries.tenants[cid], f"canary:{label}", "canary", CANARY_PARAMS, canary=True)
         return out
+
+
+def _params(sources: dict[int, Source]) -> dict[int, Params]:
+    """Each source document's fingerprint parameters, as evidence reads them."""
+    return {ref: s.params for ref, s in sources.items()}
 
 
 def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int) -> bool:
