@@ -144,10 +144,13 @@ def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | Non
         return None
     try:
         raw = bytes.fromhex(key)
+    except ValueError:
+        print("the fingerprint key must be hex (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
+        return None
+    try:
         check_key(raw)
     except ValueError as exc:
-        reason = str(exc) if str(exc).startswith("the fingerprint key") else "the fingerprint key must be hex"
-        print(f"{reason}: the gateway's key, in hex (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
+        print(f"{exc}: the gateway's key, in hex (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
         return None
     if not args.api_key:
         print(f"give an {role} API key: --api-key or BLEEDWATCH_API_KEY", file=sys.stderr)
