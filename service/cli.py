@@ -18,6 +18,7 @@ from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, check_key
 from service.auth.keys import Role
 from service.responder import add_parsers as add_responder_parsers
 from service.tools.sim.cli import add_parser as add_sim_parser
+from service.tools.sim.cli import key_file
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -136,9 +137,7 @@ def _queue(args: argparse.Namespace) -> int:
 
 def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | None:
     """The gateway key and an API key, from flags or the environment; None after explaining."""
-    key = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
-    if args.key_file:
-        key = Path(args.key_file).read_text().strip()
+    key = args.key_file or os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
     if not key:
         print("give the gateway's fingerprint key: --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)", file=sys.stderr)
         return None
@@ -166,7 +165,9 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"), help="default BLEEDWATCH_API_KEY")
     p.add_argument(
-        "--key-file", help="file holding the gateway's fingerprint key in hex (default BLEEDWATCH_FINGERPRINT_KEY)"
+        "--key-file",
+        type=key_file,
+        help="file holding the gateway's fingerprint key in hex (default BLEEDWATCH_FINGERPRINT_KEY)",
     )
 
 
@@ -259,7 +260,7 @@ def _tap(args: argparse.Namespace) -> int:
         "tenant_header": args.tenant_header,
         "bleedwatch_url": args.url,
         "bleedwatch_api_key": args.api_key,
-        "fingerprint_key": Path(args.key_file).read_text().strip() if args.key_file else None,
+        "fingerprint_key": args.key_file,
     }
     try:  # flags over BLEEDWATCH_TAP_* and the SDK's BLEEDWATCH_URL, BLEEDWATCH_API_KEY, BLEEDWATCH_FINGERPRINT_KEY
         settings = TapSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -397,7 +398,7 @@ def parser() -> argparse.ArgumentParser:
     tp.add_argument("--tenant-header", help="set by the gateway after auth (BLEEDWATCH_TAP_TENANT_HEADER, X-Tenant-Id)")
     tp.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL"), help="bleedwatch's URL (BLEEDWATCH_URL)")
     tp.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"), help="an ingest key")
-    tp.add_argument("--key-file", help="file holding the gateway's fingerprint key in hex")
+    tp.add_argument("--key-file", type=key_file, help="file holding the gateway's fingerprint key in hex")
     tp.set_defaults(func=_tap)
 
     d = sub.add_parser("demo", help="the incident reproduced: a leaky engine, a gateway, bleedwatch; then the fix")

@@ -140,6 +140,20 @@ def test_replay_explains_a_missing_file_and_a_key_that_is_no_key(
         key_file.write_text(bad)
         assert main(["replay", "x.jsonl", "--api-key", "bw_a_b", "--key-file", str(key_file)]) == 2
         assert reason in capsys.readouterr().err
+    # A key file that cannot be read is a usage error of the flag, for every command that takes one.
+    key_file.write_bytes(b"\xff\xfe")
+    for command in (["replay", "x.jsonl"], ["tap"], ["sim", "gateway"]):
+        for path, reason in (
+            (tmp_path / "none.hex", "No such file"),
+            (tmp_path, "Is a directory"),
+            (key_file, "not text"),
+        ):
+            with pytest.raises(SystemExit) as exit_:
+                main([*command, "--key-file", str(path)])
+            assert exit_.value.code == 2
+            err = capsys.readouterr().err
+            assert "--key-file: " in err
+            assert reason in err
 
 
 def test_demo_catches_its_leak(capsys: pytest.CaptureFixture[str]) -> None:

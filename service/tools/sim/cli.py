@@ -76,12 +76,23 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def key_file(path: str) -> str:
+    """``--key-file``'s type: the key it holds, read while the flags are parsed, so that a file that
+    cannot be read is a usage error that names it, not a traceback."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read the key file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(f"the key file {path} is not text: it should hold the key in hex") from None
+
+
 def _gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.tools.sim.gateway import create_gateway
 
-    key_hex = Path(args.key_file).read_text().strip() if args.key_file else os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
+    key_hex = args.key_file or os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
     if not key_hex or not args.api_key:
         print(
             "give the fingerprint key (--key-file or BLEEDWATCH_FINGERPRINT_KEY) and an ingest --api-key",
@@ -148,7 +159,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument("--tenant", action="append", help="a tenant, as name or name=api-key (repeat)")
     g.add_argument("--url", default=os.environ.get("BLEEDWATCH_URL", "http://127.0.0.1:8400"))
     g.add_argument("--api-key", default=os.environ.get("BLEEDWATCH_API_KEY"), help="an ingest key")
-    g.add_argument("--key-file", help="file holding the gateway's fingerprint key in hex")
+    g.add_argument("--key-file", type=key_file, help="file holding the gateway's fingerprint key in hex")
     g.set_defaults(func=_gateway)
 
     t = ssub.add_parser("traffic", help="tenants' prompts from standard-library docstrings, some over the pool")
