@@ -170,7 +170,7 @@ async def test_one_bad_exchange_never_sinks_the_others(small_api: Api) -> None:
     assert status == 202
     assert (body["accepted"], body["duplicates"], body["rejected"], body["processed"]) == (1, 0, 2, True)
     kept, bad, large = body["results"]
-    assert kept == {"status": "accepted", "error": None, "detail": None}
+    assert kept == {"status": "accepted", "error": None, "detail": None, "retry_after": None}
     assert (bad["status"], bad["error"]) == ("rejected", "invalid")
     assert bad["detail"].startswith("exchanges[1].tenant: String should have at most 128 characters")
     assert "x" * 50 not in bad["detail"]

@@ -76,6 +76,9 @@ async def test_new_tenants_per_ingest_key_are_limited_per_exchange(settings: Set
         assert {results[3]["error"], results[5]["error"]} == {"too_many_new_tenants"}
         assert "BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE" in results[3]["detail"]
         assert "new-3" not in results[3]["detail"]  # never echoes tenant data
+        # The limit lifts at the next clock minute: the SDK sends them again then (test_sdk_client.py).
+        assert all(0 < results[i]["retry_after"] <= 60 for i in (3, 5))
+        assert {r["retry_after"] for i, r in enumerate(results) if i not in (3, 5)} == {None}
         assert metrics.EXCHANGES_REJECTED.labels("too_many_new_tenants")._value.get() - before == 2
     off = settings.model_copy(update={"new_tenants_per_key_per_minute": 0})
     async with running_api(off) as api:

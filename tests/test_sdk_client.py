@@ -32,6 +32,7 @@ class Script:
     """Answers to give, in order; the last one repeats. Records what arrived and when."""
 
     answers: list[tuple[int, dict[str, str]]]
+    results: list[list[dict[str, Any]]] = field(default_factory=list)  # per 202 answer, in order, if any
     seen: list[tuple[float, int]] = field(default_factory=list)
     prefer: list[str | None] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
@@ -44,7 +45,10 @@ class Script:
             self.sizes.append(len(await request.body()))
             status, headers = self.answers[min(len(self.seen), len(self.answers)) - 1]
             if status == 202:
-                return JSONResponse({"accepted": len(body["exchanges"]), "duplicates": 0, "findings": 0}, 202)
+                results = self.results.pop(0) if self.results else []
+                taken = len(body["exchanges"]) - sum(r["status"] == "rejected" for r in results)
+                answer = {"accepted": taken, "duplicates": 0, "findings": 0, "results": results or None}
+                return JSONResponse(answer, 202)
             return JSONResponse({"error": "x", "detail": f"scripted {status}"}, status, headers=headers)
 
         return Starlette(routes=[Route("/v1/exchanges", ingest, methods=["POST"])])
@@ -162,6 +166,45 @@ async def test_the_service_rejects_one_exchange_and_the_client_keeps_the_others(
                 await client.flush()
             assert client.dropped_by_reason == {"rejected:invalid": 2}
         await api.processed()
+
+
+async def test_exchanges_the_service_defers_are_sent_again_once_it_takes_them() -> None:
+    """A batch the service takes but for exchanges it defers (``retry_after``: too many new tenants
+    this minute) is answered 202: those go again, alone, after the wait, and none is dropped."""
+    deferred = {
+        "status": "rejected",
+        "error": "too_many_new_tenants",
+        "detail": "exchanges[1].tenant: ...",
+        "retry_after": 1,
+    }
+    refused = {"status": "rejected", "error": "invalid", "detail": "exchanges[2].ts: ..."}
+    accepted = {"status": "accepted"}
+    script = Script([(202, {})], results=[[accepted, deferred, refused, deferred]])
+    with local_server(script.app()) as url:
+        async with BleedwatchClient(url, "bw_k_s") as client:
+            for ex in batch(4):
+                await client.submit(ex)
+            await client.flush()
+    (first, sent), (again, resent) = script.seen
+    assert (sent, resent) == (4, 2)
+    assert again - first >= 0.9  # waited as told
+    assert (client.accepted, client.rejected, client.dropped) == (3, 1, 1)
+    assert client.dropped_by_reason == {"rejected:invalid": 1}
+
+
+async def test_exchanges_deferred_past_the_attempts_are_kept_not_dropped() -> None:
+    deferred = {"status": "rejected", "error": "too_many_new_tenants", "retry_after": 0}
+    script = Script([(202, {})], results=[[deferred, deferred]] * 3)
+    with local_server(script.app()) as url:
+        client = BleedwatchClient(url, "bw_k_s", max_attempts=3)
+        for ex in batch(2):
+            await client.submit(ex)
+        with pytest.raises(Undelivered, match="2 exchanges not delivered: deferred by the service 3 times"):
+            await client.flush()
+        assert (client.dropped, client.pending) == (0, 2)  # back in the queue for the next round
+        await client.aclose()  # the service takes them now
+    assert [n for _, n in script.seen] == [2, 2, 2, 2]
+    assert (client.accepted, client.dropped) == (2, 0)
 
 
 @pytest.mark.parametrize("scripted", [[(202, {})]], indirect=True)

@@ -8,7 +8,8 @@
   ``max_backoff_seconds``), other 5xx and network errors after an exponential backoff with jitter;
   any other 4xx is a bug in the caller: the batch is refused for good (``Rejected``).
 - The service answers per exchange: an exchange it rejects (``results``) is dropped alone, with
-  its reason, and the rest of its batch is taken. The client checks names and sizes before
+  its reason, and the rest of its batch is taken; one it defers (``retry_after``: too many new
+  tenants this minute) is sent again, alone, after that wait. The client checks names and sizes before
   sending, against the service's own limits (sdk/bleedwatch/limits.py): an exchange the service
   would reject never travels, and batches are cut so that no body passes ``max_body_bytes``.
 - A batch not delivered within ``max_attempts`` goes to the spool, if one is configured
@@ -297,25 +298,42 @@ class BleedwatchClient:
             await self._report_drops()
 
     async def _deliver(self, batch: list[dict[str, Any]], *, raise_errors: bool) -> bool:
-        """Send one batch; keep it in the spool if it cannot be delivered. True when delivered."""
-        try:
-            result = await self.send(batch)
-        except Rejected as exc:
-            self.rejected += len(batch)  # resending the same bytes cannot succeed
-            self._drop(len(batch), exc.reason, str(exc))
-            if raise_errors:
-                raise
-            return False
-        except Undelivered:
-            if await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
+        """Send one batch; keep it in the spool if it cannot be delivered. True when delivered.
+
+        Exchanges the service refused for a limit that lifts (``retry_after``: too many new tenants
+        this minute) go again, alone, once it has: a gateway's first minutes, with thousands of
+        tenants the service has not seen, must lose none of them.
+        """
+        for attempt in range(self._max_attempts):
+            try:
+                result = await self.send(batch)
+            except Rejected as exc:
+                self.rejected += len(batch)  # resending the same bytes cannot succeed
+                self._drop(len(batch), exc.reason, str(exc))
+                if raise_errors:
+                    raise
                 return False
-            # No spool, or a full one: keep it in memory (up to max_pending) for the next round.
+            except Undelivered:
+                await self._keep_for_later(batch)
+                if raise_errors:
+                    raise
+                return False
+            again, wait = self._count(result, batch)
+            if not again:
+                return True
+            batch = again
+            if attempt + 1 < self._max_attempts:
+                log.warning("bleedwatch: %d exchanges deferred by the service; again in %.0fs", len(batch), wait)
+                await asyncio.sleep(min(wait, self._max_backoff))
+        await self._keep_for_later(batch)
+        if raise_errors:
+            raise Undelivered(batch, f"deferred by the service {self._max_attempts} times")
+        return False
+
+    async def _keep_for_later(self, batch: list[dict[str, Any]]) -> None:
+        """Into the spool, or, with none or a full one, back to the queue (up to max_pending) for the next round."""
+        if not await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
             self._pending = batch + self._pending
-            if raise_errors:
-                raise
-            return False
-        self._count(result)
-        return True
 
     async def _keep(self, body: bytes, exchanges: int) -> bool:
         """Into the spool (a worker thread writes and fsyncs it); False when there is none or it is full."""
@@ -357,19 +375,30 @@ class BleedwatchClient:
         else:
             log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, reason)
 
-    def _count(self, result: dict[str, Any]) -> None:
+    def _count(self, result: dict[str, Any], batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
+        """Count what the service took and refused; the exchanges of ``batch`` it asks for again
+        (``retry_after``), and in how many seconds."""
         self.accepted += result["accepted"]
         self.duplicates += result["duplicates"]
         self.findings += result.get("findings") or 0
         rejected: dict[str, tuple[int, str | None]] = {}  # reason -> count, first detail: one log line each
-        for entry in result.get("results") or ():
-            if entry.get("status") == "rejected":  # the rest of its batch was taken
-                reason, detail = _rejected(entry.get("error")), entry.get("detail")
-                count, first = rejected.get(reason, (0, detail if isinstance(detail, str) else None))
-                rejected[reason] = (count + 1, first)
+        again: list[dict[str, Any]] = []
+        wait = 0.0
+        for i, entry in enumerate(result.get("results") or ()):
+            if entry.get("status") != "rejected":  # the rest of its batch was taken
+                continue
+            later = entry.get("retry_after")
+            if isinstance(later, int | float) and i < len(batch):
+                again.append(batch[i])
+                wait = max(wait, float(later))
+                continue
+            reason, detail = _rejected(entry.get("error")), entry.get("detail")
+            count, first = rejected.get(reason, (0, detail if isinstance(detail, str) else None))
+            rejected[reason] = (count + 1, first)
         for reason, (count, first) in rejected.items():
             self.rejected += count
             self._drop(count, reason, first)
+        return again, wait
 
     async def send(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Post one batch until it is accepted, refused for good, or the attempts run out."""
@@ -415,7 +444,8 @@ class BleedwatchClient:
             except Undelivered:
                 return  # still away: keep it for the next round
             else:
-                self._count(result)
+                again, _ = self._count(result, orjson.loads(record.payload)["exchanges"])
+                self._pending = again + self._pending  # sent by the next round, which waits if it must
             await asyncio.to_thread(spool.commit, record.end, record.generation)
 
     async def _report_drops(self) -> None:

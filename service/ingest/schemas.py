@@ -78,9 +78,16 @@ class ExchangeResult(BaseModel):
         description="accepted: queued (and indexed once processed); duplicate: this tenant and request id were "
         "ingested before, or earlier in this batch; rejected: not kept, see error and detail."
     )
-    error: str | None = Field(None, description="When rejected: invalid, forbidden or payload_too_large.")
+    error: str | None = Field(
+        None, description="When rejected: invalid, forbidden, payload_too_large, purged or too_many_new_tenants."
+    )
     detail: str | None = Field(
         None, description="When rejected: the field (exchanges[i]...) and the rule, never the value."
+    )
+    retry_after: int | None = Field(
+        None,
+        description="When rejected for a limit that lifts (too_many_new_tenants): seconds after which the same "
+        "exchange can be taken. The SDK sends it again then; it is dropped only where this is null.",
     )
 
 

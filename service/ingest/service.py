@@ -154,15 +154,18 @@ class Ingestor:
             )
             for i, ex in valid:
                 if ex.tenant in over:
+                    wait = 60 - int(now) % 60  # the limit is per clock minute
                     limited = TooManyNewTenants(
                         f"exchanges[{i}].tenant: this API key sent more than {self.limits.new_tenants_per_minute} "
                         "tenants not seen before this minute; retry next minute, or raise "
                         "BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE",
-                        headers={"Retry-After": str(60 - int(now) % 60)},
+                        headers={"Retry-After": str(wait)},
                     )
                     metrics.EXCHANGES_REJECTED.labels(limited.error).inc()
                     first_error = first_error or limited
-                    results[i] = ExchangeResult(status="rejected", error=limited.error, detail=limited.detail)
+                    results[i] = ExchangeResult(
+                        status="rejected", error=limited.error, detail=limited.detail, retry_after=wait
+                    )
             valid = [(i, ex) for i, ex in valid if ex.tenant not in over]
         if not valid and first_error is not None:
             raise first_error
