@@ -225,6 +225,20 @@ async def test_a_prompt_sent_long_after_an_answer_is_not_its_source(api: Api) ->
     assert [s["tenant"] for s in f["evidence"]["sources"]] == ["c"]
 
 
+async def test_text_the_recipient_was_served_before_a_prompt_sent_it_is_not_from_that_prompt(api: Api) -> None:
+    # b was served the text 20 minutes before a sent it (too long before to be its source), and is
+    # served it again now: b had it first, so it did not come from a's prompt this time either.
+    now = time.time()
+    text = words("argparse", 0, 60)
+    await post(api, ex("b", "b1", words("heapq"), f"Quoting: {text}", now - 1200))
+    await post(api, ex("a", "a1", text, words("csv", 0, 30), now - 60))
+    await post(api, ex("b", "b2", words("difflib", 0, 40), f"{words('json', 0, 30)} {text}", now))
+    assert await findings(api) == []
+    # A tenant that was not served it before is a recipient of a's text like any other.
+    await post(api, ex("c", "c1", words("sqlite3", 0, 40), f"{words('json', 0, 30)} {text}", now))
+    assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("c", "a")]
+
+
 async def test_an_answer_that_echoes_the_recipients_winnowed_prompt_is_its_own_text(api: Api) -> None:
     # The prompt keeps about one shingle in three; the echo's other shingles are also in the
     # answer a earlier got from it (a leak), and must not make that answer b's source.
@@ -258,9 +272,55 @@ async def test_short_phrases_of_one_genre_in_the_same_order_are_no_copy(api: Api
     assert [f["recipient_tenant"] for f in await findings(api)] == ["c"]  # the line itself is a copy
 
 
+# Two classes of one file (packaging's LegacyVersion and Version): one template filled in twice.
+TEMPLATE_PROMPT = """
+    @property
+    def is_prerelease(self) -> bool:
+        return False
+
+    @property
+    def is_postrelease(self) -> bool:
+        return False
+
+    @property
+    def is_devrelease(self) -> bool:
+        return False
+"""
+TEMPLATE_ANSWER = """
+    @property
+    def is_prerelease(self) -> bool:
+        return self.dev is not None or self.pre is not None
+
+    @property
+    def is_postrelease(self) -> bool:
+        return self.post is not None
+
+    @property
+    def is_devrelease(self) -> bool:
+        return self.dev is not None
+"""
+
+
+@pytest.mark.parametrize("w", [3, 1])
+async def test_a_template_filled_in_twice_is_no_copy(api: Api, w: int) -> None:
+    """The same 7 tokens three times in the source's order, with other words between: the shape of
+    an interleaved leak, but no 8 tokens in a row, which a copy needs at least once."""
+    now = time.time()
+
+    def exchange(tenant: str, prompt: str, response: str) -> dict[str, Any]:
+        return fingerprint_exchange(
+            prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=now, params=Params(w=w)
+        )
+
+    await post(api, exchange("a", words("argparse", 0, 40) + TEMPLATE_PROMPT, "ok"))
+    await post(api, exchange("b", words("csv"), words("json", 0, 30) + TEMPLATE_ANSWER))
+    await post(api, exchange("c", words("heapq"), words("json", 0, 30) + TEMPLATE_PROMPT))
+    assert [f["recipient_tenant"] for f in await findings(api)] == ["c"]  # the methods themselves are a copy
+
+
 async def test_a_phrase_a_third_tenant_sent_takes_no_copy_from_an_answer(api: Api) -> None:
     # c's prompt shares 7 words with a's answer by chance: too short to be c's text where b was
-    # served the answer, so the copy is still a's (a stretch of 8 tokens would be: SHARED_TOKENS).
+    # served the answer, so the copy is still a's (a stretch of 8 tokens would be: STRETCH_TOKENS).
     now = time.time()
     answer = ANSWER.split()
     await post(api, ex("a", "a1", words("heapq"), ANSWER, now - 20))

@@ -138,6 +138,28 @@ def test_fragments_of_one_source_span_interleaved_with_other_text_are_one_copy()
     assert not any(is_finding(judge(r, copied(at, 100, 8)), T) for at in (0, 30, 60))  # each alone is short
 
 
+def test_a_copy_needs_one_stretch_of_eight_tokens() -> None:
+    r = response(120)
+    # Three 7-token fragments in the source's order score 21 - 3 * 3 - 2 = 10, but no 8 tokens are
+    # in a row anywhere: the shape of a template filled in twice as much as of a leak.
+    short = copied(0, 100, 7) + copied(30, 108, 7) + copied(60, 116, 7)
+    (c,) = [c for c in judge(r, short) if len(c.pieces) > 1]
+    assert c.score == 10
+    assert not is_finding([c], T)
+    longer = copied(0, 100, 8) + copied(30, 109, 7) + copied(60, 117, 7)
+    assert is_finding(judge(r, longer), T)
+
+
+def test_a_piece_that_lowers_a_copy_does_not_hide_it() -> None:
+    r = response(60)
+    exact = copied(10, 300, 12)  # 12 tokens: a finding
+    # One more match overlapping its end, off its diagonal, continuing the source: chained on, it
+    # adds 2 tokens and costs n - 1 + 1. The copy without it is still there.
+    more = [*exact, Match(20, 1, 313)]
+    assert {c.score for c in judge(r, more)} == {9, 7}
+    assert is_finding(judge(r, more), T)
+
+
 def test_pieces_that_do_not_continue_the_source_are_not_one_copy() -> None:
     r = response(120)
     # "fix X for Y" / "fix Z for Y", a slot much longer in the source than a changed word.

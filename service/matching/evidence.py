@@ -43,9 +43,10 @@ GAP_TOKENS = 64
 MAX_PREDECESSORS = 16
 # What joining two pieces into one copy costs in score (module docstring).
 JOIN_TOKENS = 1
-# A stretch this long that two tenants each sent is shared text, no one's secret (matcher.Shared):
-# the length the issue of record calls a copy, which unrelated documents of one genre do not share.
-SHARED_TOKENS = 8
+# A stretch: this many tokens in a row that one piece vouches for, the length the issue of record
+# calls a copy, which unrelated documents of one genre do not share. A copy needs one (is_finding),
+# and a stretch two tenants each sent is shared text, no one's secret (matcher.Shared).
+STRETCH_TOKENS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +217,8 @@ def spans(found: list[Piece]) -> Spans:
 
 
 def stretches(found: list[Piece]) -> Spans:
-    """What the pieces of ``SHARED_TOKENS`` or more cover: where whose text it is is more than chance."""
-    return spans([p for p in found if p.copied >= SHARED_TOKENS])
+    """What the pieces of ``STRETCH_TOKENS`` or more cover: where whose text it is is more than chance."""
+    return spans([p for p in found if p.copied >= STRETCH_TOKENS])
 
 
 def outside(matches: list[Match], found: Spans) -> list[Match]:
@@ -351,8 +352,9 @@ def copies(found: list[Piece], n: int, sources: dict[int, Params], gaps: list[in
                 if longer.score > chosen.score:
                     chosen = longer
         best.append(chosen)
-    # A copy another one continues is part of it: only the longest of each chain is kept.
-    continued = {id(c.before) for c in best if c.before is not None}
+    # A copy another one continues is part of it: only the longest of each chain is kept, unless the
+    # continuation scores less (a short piece overlapping its end): more evidence never hides a copy.
+    continued = {id(c.before) for c in best if c.before is not None and c.score >= c.before.score}
     return [c for c in best if id(c) not in continued]
 
 
@@ -377,8 +379,14 @@ def least_matches(t: Thresholds, w: int) -> int:
 
 
 def is_finding(copied: list[Copy], t: Thresholds) -> bool:
-    """More than a coincidence: a copy that scores ``min_score`` with at least ``min_matched`` fingerprints."""
-    return any(c.score >= t.min_score and c.fingerprints >= t.min_matched for c in copied)
+    """More than a coincidence: a copy that scores ``min_score`` with at least ``min_matched`` fingerprints,
+    and has a stretch. Short pieces in the source's order, with other words between, are the shape of
+    an interleaved leak and of a template filled in twice (a class's methods beside another's, a list
+    of cipher suites); only the leak has somewhere the 8 tokens in a row that make a copy."""
+    return any(
+        c.score >= t.min_score and c.fingerprints >= t.min_matched and any(p.copied >= STRETCH_TOKENS for p in c.pieces)
+        for c in copied
+    )
 
 
 def longest(copied: list[Copy]) -> int:

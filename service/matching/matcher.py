@@ -137,6 +137,8 @@ class Candidate:
     Matches by ``MatchSource``: ``sent`` in prompts (canaries included),
     ``served`` in answers; ``own``: the recipient's own prompts. ``dropped``: fingerprints
     several other tenants were served (the model's own), by response offset, with their entries.
+    ``before``: where the recipient was served the text in an earlier answer, that answer's ref: a
+    prompt accepted after it is no source of that text (``_evidence``).
     """
 
     ref: int
@@ -146,6 +148,7 @@ class Candidate:
     sent: dict[MatchSource, list[Match]]
     served: dict[MatchSource, list[Match]]
     dropped: list[tuple[int, list[Entry]]]
+    before: dict[int, int]
 
     def held(self) -> dict[MatchSource, list[int]]:
         """Per tenant with evidence here, the response offsets where it holds the text on a diagonal of
@@ -367,6 +370,8 @@ def _evidence(
     matches = {}
     for key, ms in sent.items():
         first = [m for m in ms if _sent_first(sources[m.source_doc], c.meta, lead)]  # in params: a known source
+        # The recipient was served the text in an answer accepted before that prompt: it had it first.
+        first = [m for m in first if m.source_doc < c.before.get(m.response_offset, m.source_doc + 1)]
         if first:
             matches[key] = first
     for key, ms in c.served.items():
@@ -385,7 +390,7 @@ def _evidence(
 
 @dataclass(frozen=True, slots=True)
 class Shared:
-    """Which response fingerprints lie in a stretch of at least ``SHARED_TOKENS`` tokens that a
+    """Which response fingerprints lie in a stretch of at least ``STRETCH_TOKENS`` tokens that a
     tenant sent: how many tenants did (``count``), and which one where it was one (``owner``).
 
     Text two tenants each sent is neither one's secret: a public notice both pasted, which no
@@ -441,6 +446,7 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
     sent: dict[MatchSource, list[Match]] = {}
     served: dict[MatchSource, list[Match]] = {}
     dropped: list[tuple[int, list[Entry]]] = []
+    before: dict[int, int] = {}
     blind = known.allowed(meta.values)
     canary_pos = known.canaries.find(meta.values)
     for i, (offset, found) in enumerate(zip(meta.offsets.tolist(), lookups, strict=True)):
@@ -461,6 +467,8 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             continue
         others = [e for e in found.entries if e.tenant != recipient]
         senders = [e for e in others if e.kinds & PROMPT_BIT]
+        if mine is not None and mine.doc != ref:
+            before[offset] = mine.doc
         for e in senders:
             sent.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
         # Text served is another tenant's answer only if one other tenant was served it, and the
@@ -473,7 +481,9 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             served.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
         elif served_to:
             dropped.append((offset, served_to))
-    return Candidate(ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served, dropped)
+    return Candidate(
+        ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served, dropped, before
+    )
 
 
 @dataclass(frozen=True, slots=True)
