@@ -16,7 +16,7 @@ A copy scores the tokens its matches vouch for, less what chance explains: n - 1
 piece, since unrelated texts of one genre share short phrases (a piece of one shingle is n
 tokens and scores 1), and ``JOIN_TOKENS`` per join, one more place chance may have lined pieces
 up (a string of single shingles then adds nothing). One threshold on that score,
-``Thresholds.min_score``, makes a finding.
+``Thresholds.min_score``, makes a finding, where the copy has a stretch somewhere (``is_finding``).
 
 Cost: one sort of the matches, one binary search per match, and at most ``MAX_PREDECESSORS``
 join checks per piece, so a response costs O(m log m) for m matches whatever their order.
@@ -43,9 +43,9 @@ GAP_TOKENS = 64
 MAX_PREDECESSORS = 16
 # What joining two pieces into one copy costs in score (module docstring).
 JOIN_TOKENS = 1
-# A stretch: this many tokens in a row that one piece vouches for, the length the issue of record
-# calls a copy, which unrelated documents of one genre do not share. A copy needs one (is_finding),
-# and a stretch two tenants each sent is shared text, no one's secret (matcher.Shared).
+# A stretch: a piece (an exact copy, as far as fingerprints tell) vouching for this many tokens, the
+# length the issue of record calls a copy, which unrelated documents of one genre do not share. A
+# copy needs one (is_finding), and a stretch two tenants each sent is shared text (matcher.Shared).
 STRETCH_TOKENS = 8
 
 
@@ -381,8 +381,8 @@ def least_matches(t: Thresholds, w: int) -> int:
 def is_finding(copied: list[Copy], t: Thresholds) -> bool:
     """More than a coincidence: a copy that scores ``min_score`` with at least ``min_matched`` fingerprints,
     and has a stretch. Short pieces in the source's order, with other words between, are the shape of
-    an interleaved leak and of a template filled in twice (a class's methods beside another's, a list
-    of cipher suites); only the leak has somewhere the 8 tokens in a row that make a copy."""
+    an interleaved leak and of a template filled in twice (a class's methods beside another's); only
+    the leak has somewhere an exact piece of the 8 tokens that make a copy."""
     return any(
         c.score >= t.min_score and c.fingerprints >= t.min_matched and any(p.copied >= STRETCH_TOKENS for p in c.pieces)
         for c in copied
