@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, check_key
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, key_from_hex
 from service.auth.keys import Role
 from service.responder import add_parsers as add_responder_parsers
 from service.tools.sim.cli import add_parser as add_sim_parser
@@ -142,14 +142,9 @@ def _client_args(args: argparse.Namespace, role: str) -> tuple[bytes, str] | Non
         print("give the gateway's fingerprint key: --key-file or BLEEDWATCH_FINGERPRINT_KEY (hex)", file=sys.stderr)
         return None
     try:
-        raw = bytes.fromhex(key)
-    except ValueError:
-        print("the fingerprint key must be hex (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
-        return None
-    try:
-        check_key(raw)
+        raw = key_from_hex(key)
     except ValueError as exc:
-        print(f"{exc}: the gateway's key, in hex (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
+        print(f"{exc} (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
         return None
     if not args.api_key:
         print(f"give an {role} API key: --api-key or BLEEDWATCH_API_KEY", file=sys.stderr)

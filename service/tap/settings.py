@@ -14,6 +14,8 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bleedwatch.fingerprint.scheme import key_from_hex
+
 # A header name as HTTP allows it (RFC 9110 token), kept lower case: ASGI gives them so.
 _HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9a-z-]{1,64}$")
 MIB = 1024 * 1024
@@ -90,13 +92,11 @@ class TapSettings(BaseSettings):
     @classmethod
     def _key(cls, value: SecretStr) -> SecretStr:
         try:
-            key = bytes.fromhex(value.get_secret_value().strip())
-        except ValueError:
-            raise ValueError("BLEEDWATCH_FINGERPRINT_KEY must be hex") from None
-        if not 16 <= len(key) <= 64:
-            raise ValueError("BLEEDWATCH_FINGERPRINT_KEY must be 16 to 64 bytes (32 to 128 hex digits)")
+            key_from_hex(value.get_secret_value())
+        except ValueError as exc:
+            raise ValueError(f"BLEEDWATCH_FINGERPRINT_KEY: {exc}") from None
         return value
 
     @property
     def key(self) -> bytes:
-        return bytes.fromhex(self.fingerprint_key.get_secret_value().strip())
+        return key_from_hex(self.fingerprint_key.get_secret_value())

@@ -91,6 +91,17 @@ def check_key(key: bytes) -> None:
         raise ValueError(f"the fingerprint key must be {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes")
 
 
+def key_from_hex(text: str) -> bytes:
+    """The key as operators hold it (hex, in a file or BLEEDWATCH_FINGERPRINT_KEY); a ValueError that
+    says which rule it breaks, and never echoes it."""
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError("the fingerprint key must be hex") from None
+    check_key(key)
+    return key
+
+
 def key_id(key: bytes, params: Params) -> str:
     """A public name for (key, n, w): fingerprints are only compared under the same key id.
 

@@ -90,6 +90,7 @@ def key_file(path: str) -> str:
 def _gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from bleedwatch.fingerprint.scheme import key_from_hex
     from service.tools.sim.gateway import create_gateway
 
     key_hex = args.key_file or os.environ.get("BLEEDWATCH_FINGERPRINT_KEY")
@@ -99,12 +100,17 @@ def _gateway(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        key = key_from_hex(key_hex)
+    except ValueError as exc:
+        print(f"{exc} (--key-file or BLEEDWATCH_FINGERPRINT_KEY)", file=sys.stderr)
+        return 2
     app = create_gateway(
         upstream_url=args.upstream,
         tenants=_tenants(args.tenant),
         bleedwatch_url=args.url,
         bleedwatch_api_key=args.api_key,
-        fingerprint_key=bytes.fromhex(key_hex),
+        fingerprint_key=key,
         deployment=args.deployment,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
