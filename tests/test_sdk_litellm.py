@@ -206,6 +206,23 @@ async def test_bleedwatch_failing_never_fails_the_proxys_call(monkeypatch: pytes
     assert (unconfigured.submitted, unconfigured.skipped, unconfigured.errors) == (0, 1, 0)
 
 
+async def test_a_key_that_is_no_key_is_said_once_and_not_echoed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key of 8 bytes would fail every exchange's fingerprints one by one; it is a configuration error."""
+    monkeypatch.setenv("BLEEDWATCH_URL", "http://bw")
+    monkeypatch.setenv("BLEEDWATCH_API_KEY", "bw_x_y")
+    monkeypatch.setenv("BLEEDWATCH_FINGERPRINT_KEY", "0badc0ffee0ddf00")
+    logger = BleedwatchLogger()
+    for _ in range(2):
+        await logger.async_log_success_event(callback_kwargs("t", "p"), response_obj("r", "a", 1), START, START)
+    assert (logger.submitted, logger.skipped, logger.errors) == (0, 2, 0)
+    said = [r.getMessage() for r in caplog.records if "not configured" in r.getMessage()]
+    assert len(said) == 1
+    assert "must be 16 to 64 bytes" in said[0]
+    assert "0badc0ffee" not in said[0]
+
+
 def test_every_call_types_answer_and_prompt_are_read() -> None:
     """The shapes litellm 1.110.2 hands its hooks for each covered call type (as the real test saw them)."""
     normalised = [{"role": "user", "content": "the prompt"}]

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from bleedwatch.client import BleedwatchClient
 from bleedwatch.exchange import Scalar
-from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
+from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params, key_from_hex
 from bleedwatch.limits import LABEL_MAX_CHARS, REQUEST_ID_MAX_CHARS
 
 if TYPE_CHECKING:
@@ -305,17 +305,21 @@ class BleedwatchLogger(_CustomLogger):
 
     def _configured(self, need_url: bool) -> tuple[str, str, bytes] | None:
         """The service's URL, the ingest key and the fingerprint key, or None (logged once)."""
+        problem = ""
         if self._key is None:
             key_hex = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY", "")
-            with contextlib.suppress(ValueError):
-                self._key = bytes.fromhex(key_hex) if key_hex else None
+            try:
+                self._key = key_from_hex(key_hex) if key_hex else None
+            except ValueError as e:
+                problem = f" ({e})"
         url = self._url or os.environ.get("BLEEDWATCH_URL") or ""
         api_key = self._api_key or os.environ.get("BLEEDWATCH_API_KEY") or ""
         if self._key is None or (need_url and not (url and api_key)):
             if not self._misconfigured:
                 log.error(
                     "bleedwatch callback not configured: set BLEEDWATCH_URL, BLEEDWATCH_API_KEY and "
-                    "BLEEDWATCH_FINGERPRINT_KEY (hex); exchanges are not checked"
+                    "BLEEDWATCH_FINGERPRINT_KEY (hex)%s; exchanges are not checked",
+                    problem,
                 )
                 self._misconfigured = True
             return None
