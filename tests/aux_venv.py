@@ -1,9 +1,12 @@
 """Virtualenvs apart from the suite's own, for tests that must not see the server's packages
 (the SDK wheel alone) or that need a heavy one the suite does not depend on (LiteLLM).
 
-Each lives under ``.cache/venvs/<name>-<hash>`` (gitignored), the hash of its requirements and
-of the files that define them, so CI machines that keep the checkout between runs install once
-and a changed requirement gets a fresh one. A venv is marked complete only after its install
+Each lives under ``<cache>/<name>-<hash>``, the hash of its requirements, of the files that
+define them and of the interpreter's version, so a changed requirement gets a fresh one. A venv
+that tests only read (LiteLLM's) is kept in ``~/.cache/bleedwatch/test-venvs``
+(``$BLEEDWATCH_TEST_VENVS`` moves it), so every checkout on a machine installs it once: CI
+clones afresh for each run. One a test installs into (the SDK wheel's) stays in the checkout's
+``.cache/venvs``, so two checkouts never change each other's. A venv is marked complete only after its install
 succeeded; a half-made one (a killed run) is removed and made again. Concurrent runs take an
 flock.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "venvs"
+SHARED_CACHE = Path(
+    os.environ.get("BLEEDWATCH_TEST_VENVS")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bleedwatch" / "test-venvs"
+)
 SDK = ROOT / "sdk"
 
 
@@ -42,20 +50,21 @@ def site_packages(venv_dir: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def cached_venv(name: str, requirements: Sequence[str], key_files: Sequence[Path] = ()) -> Path:
+def cached_venv(name: str, requirements: Sequence[str], key_files: Sequence[Path] = (), *, cache: Path = CACHE) -> Path:
     """A venv with ``requirements`` installed, made once per distinct requirements."""
     digest = hashlib.sha256(f"{sys.version}\n{name}\n".encode() + "\n".join(requirements).encode())
     for f in key_files:
         digest.update(f.read_bytes())
-    path = CACHE / f"{name}-{digest.hexdigest()[:12]}"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with (CACHE / f"{name}.lock").open("w") as lock:
+    path = cache / f"{name}-{digest.hexdigest()[:12]}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (path / ".complete").exists():
             return path
         shutil.rmtree(path, ignore_errors=True)
-        for old in CACHE.glob(f"{name}-*"):  # earlier requirements: nothing uses them any more
-            shutil.rmtree(old, ignore_errors=True)
+        if cache == CACHE:  # earlier requirements of this checkout: nothing uses them any more
+            for old in cache.glob(f"{name}-*"):
+                shutil.rmtree(old, ignore_errors=True)
         venv.create(path, with_pip=True, clear=True)
         if requirements:
             done = subprocess.run(

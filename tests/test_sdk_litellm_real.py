@@ -1,9 +1,10 @@
 """The LiteLLM callback inside the real ``litellm`` package, every call type it covers, plain and
 streamed, against a fake upstream on loopback (no internet), reporting to a running bleedwatch.
 
-LiteLLM is not a dependency of bleedwatch: it is installed in a venv of its own, cached in
-.cache/venvs (tests/aux_venv.py), with the few packages its Anthropic streaming path imports
-from its proxy. The test is skipped only when that install fails, and the skip says why.
+LiteLLM is not a dependency of bleedwatch: it is installed in a venv of its own, cached once per
+machine in ~/.cache/bleedwatch/test-venvs (tests/aux_venv.py), with the few packages its
+Anthropic streaming path imports from its proxy. The test is skipped only when that install
+fails, and the skip says why.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from service.auth.keys import Role
-from tests.aux_venv import ROOT, SDK, NotInstallable, cached_venv, python, sdk_requirements
+from tests.aux_venv import ROOT, SDK, SHARED_CACHE, NotInstallable, cached_venv, python, sdk_requirements
 from tests.conftest import Served
 from tests.traffic import KEY, TEXTS
 
@@ -47,7 +48,9 @@ SPAN = 60  # words of the source's prompt each case's answer recites
 @pytest.fixture(scope="session")
 def litellm_python() -> Path:
     try:
-        venv_dir = cached_venv("litellm", [LITELLM, *LITELLM_PROXY_BITS, *sdk_requirements()], [SDK / "pyproject.toml"])
+        venv_dir = cached_venv(
+            "litellm", [LITELLM, *LITELLM_PROXY_BITS, *sdk_requirements()], [SDK / "pyproject.toml"], cache=SHARED_CACHE
+        )
     except NotInstallable as exc:
         pytest.skip(f"litellm could not be installed in a venv of its own: {exc}")
     return python(venv_dir)
