@@ -1,4 +1,5 @@
-"""``bleedwatch keys``: straight on the database, so the first admin key needs no API."""
+"""``bleedwatch keys``: straight on the database, so the first admin key needs no API; audited as ``cli``,
+in the same transaction, like the API's key routes (an admin key minted from a shell is no less one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import redis.exceptions
 from redis.asyncio import Redis
 
+from service.audit import log as audit
 from service.auth.keys import Role, create_key, list_keys, revoke_key
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
@@ -24,8 +26,11 @@ async def run(args: argparse.Namespace) -> int:
                     print("--tenant: only ingest keys can be limited to tenants")
                     return 2
                 key, token = await create_key(session, args.name, Role(args.role), args.tenants)
+                detail = {"role": key.role, "tenant_limited": bool(key.tenants)}
+                await audit.record(session, audit.CLI, "keys.create", f"key:{key.id}", detail)
                 print(f"created key {key.id} ({key.role}); the secret is shown once:\n{token}")
             elif args.keys_command == "list":
+                await audit.record(session, audit.CLI, "keys.list", "keys")
                 for k in await list_keys(session):
                     state = "revoked" if k.revoked_at else "active"
                     used = k.last_used_at.isoformat() if k.last_used_at else "never"
@@ -34,6 +39,7 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"no active key {args.key_id}")
                 return 1
             else:
+                await audit.record(session, audit.CLI, "keys.revoke", f"key:{args.key_id}")
                 print(f"revoked {args.key_id}")
                 await _announce(settings, args.key_id)
     finally:

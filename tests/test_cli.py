@@ -50,6 +50,19 @@ def test_keys_create_list_revoke(embedded_env: Settings, capsys: pytest.CaptureF
     assert main(["keys", "revoke", key_id]) == 1
     assert main(["keys", "list"]) == 0
     assert "revoked" in capsys.readouterr().out
+    # An admin key minted from a shell is in the audit log as one minted through the API is.
+    admin_id, admin = create(capsys, "admin")
+    with local_server(create_app(embedded_env)) as url:
+        audit = httpx.get(f"{url}/v1/audit", params={"key_id": "cli"}, headers={"Authorization": f"Bearer {admin}"})
+    rows = [(e["action"], e["target"]) for e in reversed(audit.json()["items"])]
+    listed, read_key = ("keys.list", "keys"), f"key:{key_id}"
+    assert rows == [
+        ("keys.create", read_key),
+        listed,
+        ("keys.revoke", read_key),
+        listed,
+        ("keys.create", f"key:{admin_id}"),
+    ]
 
 
 def test_replay_finds_the_leak_in_a_traffic_file(

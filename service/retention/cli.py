@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from service.audit.log import CLI
@@ -20,7 +21,7 @@ async def run_prune(_: argparse.Namespace) -> int:
     )
     try:
         async with session_scope(make_sessionmaker(engine)) as session:
-            pruned = await prune(session, retention)
+            pruned = await prune(session, retention, actor=CLI)
     finally:
         await engine.dispose()
     if pruned is None:
@@ -37,22 +38,28 @@ async def run_prune(_: argparse.Namespace) -> int:
 
 async def run_purge(args: argparse.Namespace) -> int:
     """The index first (Redis: tombstone, documents, queued batches, held findings), then the database.
-    The embedded index lives in the server's process: there, ``POST /v1/tenants/purge`` does both."""
+    The embedded index lives in the server's process: there only ``POST /v1/tenants/purge`` does both,
+    and this command refuses rather than purge the database alone."""
     from service.index.factory import make_index
 
     settings = Settings()
-    if settings.redis_url is not None:
-        index = make_index(settings)
-        try:
-            done = await purge_tenant_index(index, args.tenant, time.time())
-        finally:
-            await index.close()
+    if settings.redis_url is None:
+        # Half a purge would leave the running server's index naming the tenant in new findings.
         print(
-            f"index: {done.documents} documents deleted, {done.batches} queued batches rewritten, "
-            f"{done.held_findings} held findings removed; a tombstone refuses the tenant's earlier exchanges"
+            "nothing purged: the embedded index lives in the server's process, out of this command's reach; "
+            'purge through the server: POST /v1/tenants/purge {"tenant": ...} with an admin key',
+            file=sys.stderr,
         )
-    else:
-        print("index: embedded, in the server's process; purge through POST /v1/tenants/purge to reach it")
+        return 2
+    index = make_index(settings)
+    try:
+        done = await purge_tenant_index(index, args.tenant, time.time())
+    finally:
+        await index.close()
+    print(
+        f"index: {done.documents} documents deleted, {done.batches} queued batches rewritten, "
+        f"{done.held_findings} held findings removed; a tombstone refuses the tenant's earlier exchanges"
+    )
     engine = make_engine(settings)
     try:
         async with session_scope(make_sessionmaker(engine)) as session:

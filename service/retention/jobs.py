@@ -89,8 +89,11 @@ async def _delete_findings(session: AsyncSession, ids: list[int]) -> None:
         await session.execute(delete(Finding).where(Finding.id.in_(chunk)))
 
 
-async def prune(session: AsyncSession, retention: Retention, now: datetime | None = None) -> Pruned | None:
-    """Delete what is past its retention; None if another replica holds the prune lock."""
+async def prune(
+    session: AsyncSession, retention: Retention, now: datetime | None = None, actor: str = SYSTEM
+) -> Pruned | None:
+    """Delete what is past its retention; None if another replica holds the prune lock. ``actor``: the
+    audit log's key id, the retention job's or ``bleedwatch prune``'s."""
     now = now or utcnow()
     if _pg(session):
         if not await session.scalar(select(func.pg_try_advisory_xact_lock(PRUNE_LOCK_KEY))):
@@ -122,7 +125,7 @@ async def prune(session: AsyncSession, retention: Retention, now: datetime | Non
         )
     )
     pruned = Pruned(len(old_findings), len(old_incidents), audit_entries, deliveries)
-    await audit.record(session, SYSTEM, "retention.prune", "database", asdict(pruned) | asdict(retention))
+    await audit.record(session, actor, "retention.prune", "database", asdict(pruned) | asdict(retention))
     return pruned
 
 
