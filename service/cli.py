@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -19,6 +20,9 @@ from service.auth.keys import Role
 from service.responder import add_parsers as add_responder_parsers
 from service.tools.sim.cli import add_parser as add_sim_parser
 from service.tools.sim.cli import key_file
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -204,6 +208,7 @@ def _canary(args: argparse.Namespace) -> int:
     keys = _client_args(args, "admin")
     if keys is None:
         return 2
+    unanswered = 0
     for _ in range(args.count):
         r = canary_probe(
             url=args.url,
@@ -218,7 +223,10 @@ def _canary(args: argparse.Namespace) -> int:
         print(
             f"canary {r.canary_id} ({r.label}, {r.tokens} tokens) sent: engine answered {r.status} in {r.seconds:.1f}s"
         )
-    return 0
+        if not 200 <= r.status < 300:  # a 200 proves nothing (the incident's engine sent 200s); this, a probe not run
+            print(f"bleedwatch canary probe: canary {r.canary_id} was not answered (HTTP {r.status})", file=sys.stderr)
+            unanswered += 1
+    return 1 if unanswered else 0
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -412,6 +420,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import httpx
+
+    from bleedwatch.client import Rejected, Undelivered
+    from service.allowlist.upload import Refused
+
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)
@@ -425,7 +438,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             named = not where or message.startswith("BLEEDWATCH_")
             print(f"bleedwatch: {'' if named else f'BLEEDWATCH_{where.upper()}: '}{message}", file=sys.stderr)
         return 2
+    except httpx.TransportError as exc:  # the service or an engine is down, or the URL is wrong
+        print(f"bleedwatch {args.command}: cannot reach {_where(exc)}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    except (Refused, Rejected, Undelivered) as exc:  # the service said no, or never said yes
+        print(f"bleedwatch {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `... | head`: the reader is gone, and so is what would go to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
+
+
+def _where(exc: httpx.RequestError) -> str:
+    try:
+        url = exc.request.url
+    except RuntimeError:  # no request attached
+        return "the server"
+    return f"{url.scheme}://{url.netloc.decode()}"
 
 
 if __name__ == "__main__":

@@ -148,6 +148,16 @@ class Settings(BaseSettings):
                     raise ValueError("BLEEDWATCH_ACCEPTED_KEY_IDS: give 16-hex-digit key ids, comma-separated")
         return value
 
+    @field_validator("risk_rules_file")
+    @classmethod
+    def _rules_load(cls, value: Path | None) -> Path | None:
+        """A rules file that does not load is a setting to fix, said before anything starts."""
+        if value is not None:
+            from service.deployments.rules import load_rules
+
+            load_rules(value)
+        return value
+
     @model_validator(mode="after")
     def _someone_processes(self) -> Settings:
         if self.ingest_workers == 0 and self.redis_url is None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from service.app import create_app
 from service.cli import main
@@ -185,3 +187,34 @@ def test_demo_catches_its_leak(capsys: pytest.CaptureFixture[str]) -> None:
     assert "HTTP answers: 20 x 200, 4 x 400" in fixed
     assert "bleedwatch: 0 finding(s)" in fixed
     assert "as expected" in fixed
+
+
+def test_a_service_that_refuses_or_is_gone_is_one_line_not_a_traceback(
+    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each ends in the call that failed and why, exit 1: a cron job sees it, an operator reads it."""
+    assert main(["migrate"]) == 0
+    _, ingest = create(capsys, "ingest")
+    _, admin = create(capsys, "admin")
+    key_file = tmp_path / "key.hex"
+    key_file.write_text(KEY.hex())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text(words("argparse"))
+    unanswered = FastAPI()
+
+    @unanswered.post("/v1/chat/completions")
+    def refuse() -> JSONResponse:
+        return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
+
+    with local_server(create_app(embedded_env)) as url, local_server(unanswered) as engine:
+        add = ["allowlist", "add", str(docs), "--url", url, "--key-file", str(key_file)]
+        assert main([*add, "--api-key", ingest]) == 1  # an admin's route
+        assert capsys.readouterr().err.startswith("bleedwatch allowlist: POST /v1/allowlist -> 403 forbidden: ")
+        probe = ["canary", "probe", "--url", url, "--api-key", admin, "--key-file", str(key_file), "--model", "m"]
+        assert main([*probe, "--endpoint", engine, "--endpoint-key", "k", "--tokens", "50"]) == 1
+        out = capsys.readouterr()
+        assert "engine answered 401" in out.out
+        assert "was not answered (HTTP 401)" in out.err
+    assert main([*add, "--api-key", admin]) == 1  # the service is gone
+    assert capsys.readouterr().err.startswith(f"bleedwatch allowlist: cannot reach {url}: ")

@@ -11,6 +11,7 @@ import pytest
 
 from service import metrics
 from service.auth.keys import Role
+from service.cli import main
 from service.config import Settings
 from service.deployments.rules import RulesError, load_rules, parse_rules, parse_version
 from service.deployments.schemas import DeploymentConfig
@@ -263,3 +264,18 @@ async def test_an_operators_rules_file_replaces_the_shipped_one(
     with pytest.raises(RulesError, match="cannot read"):
         async with running_api(settings):
             pass
+
+
+def test_a_rules_file_that_does_not_load_stops_the_cli_with_what_to_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "rules.toml"
+    bad.write_text('[[rule]]\nname = "Bad"\n')
+    monkeypatch.setenv("BLEEDWATCH_RISK_RULES_FILE", str(bad))
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err == (
+        f"bleedwatch: BLEEDWATCH_RISK_RULES_FILE: {bad}: rule 1: name must be lower_snake_case, at most 64 characters\n"
+    )
+    monkeypatch.setenv("BLEEDWATCH_RISK_RULES_FILE", str(tmp_path / "missing.toml"))
+    assert main(["migrate"]) == 2
+    assert "cannot read the rules file" in capsys.readouterr().err

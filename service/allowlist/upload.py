@@ -38,15 +38,19 @@ def every_shingle(gateway: Params) -> Params:
     return Params(n=gateway.n, w=1, sample_mod=1)
 
 
+class Refused(RuntimeError):
+    """bleedwatch answered 4xx or 5xx; the message is the call and the service's ``error: detail``."""
+
+
 def check(resp: httpx.Response) -> dict[str, Any]:
-    """The JSON answer, or a RuntimeError with bleedwatch's ``error: detail``."""
+    """The JSON answer, or ``Refused``."""
     if resp.status_code >= 400:
         try:
             body = resp.json()
             detail = f"{body.get('error')}: {body.get('detail')}"
         except ValueError:
             detail = resp.text[:200]
-        raise RuntimeError(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code} {detail}")
+        raise Refused(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code} {detail}")
     data: dict[str, Any] = resp.json()
     return data
 
