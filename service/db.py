@@ -32,6 +32,10 @@ NAMING_CONVENTION = {
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+# ... and without AUTOINCREMENT it hands out max(id) + 1, so deleting the newest rows (a purge, the
+# retention job) gives their ids to the next ones: a link, an audit target or a webhook id would then
+# name another incident. Tables with a BigIntId take this (PostgreSQL's sequences never go back).
+NEVER_REUSED = {"sqlite_autoincrement": True}
 # The errors that mean "the database is unreachable" (not "the query is wrong"): callers catch these
 # to serve stale or answer 503. Here, beside the engine, so catching them needs no other package.
 DB_DOWN = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, OSError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -128,4 +129,29 @@ def test_0009_renames_longest_run_words_in_the_column_and_the_evidence_and_back(
     value, ev = read("SELECT longest_run_words, evidence FROM findings")
     assert value == 44
     assert ev == orjson.loads(evidence)
+    engine.dispose()
+
+
+def test_0010_sqlite_never_hands_out_an_id_twice(tmp_path: Path) -> None:
+    """A purge or the retention job deletes the newest incident: the next one must not take its id."""
+    settings = Settings(database_url=None, data_dir=tmp_path)
+    cfg = alembic_config(settings)
+    command.upgrade(cfg, "0009")
+    engine = create_engine(settings.sqlalchemy_url(asynchronous=False))
+    row = "insert into audit_log (at, key_id, action, target, detail) values ('2026-12-07', 'cli', 'a', :t, '{}')"
+    with engine.begin() as conn:
+        for target in ("one", "two"):
+            conn.execute(text(row), {"t": target})
+    upgrade(settings)
+    with engine.begin() as conn:
+        assert conn.execute(text("select id, target from audit_log order by id")).all() == [(1, "one"), (2, "two")]
+        conn.execute(text("delete from audit_log where id = 2"))
+        conn.execute(text(row), {"t": "three"})
+        assert conn.execute(text("select id from audit_log where target = 'three'")).scalar() == 3
+        tables: dict[str, str] = dict(
+            conn.execute(text("select name, sql from sqlite_master where type = 'table'")).all()
+        )
+    ids = {name for name, sql in tables.items() if re.search(r"^\s+id INTEGER NOT NULL", sql, re.MULTILINE)}
+    assert len(ids) == 8
+    assert ids == {name for name, sql in tables.items() if "AUTOINCREMENT" in sql}
     engine.dispose()

@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigIntId, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigIntId, UTCDateTime
 
 
 class AllowlistEntry(Base):
@@ -18,7 +18,7 @@ class AllowlistEntry(Base):
     """
 
     __tablename__ = "allowlist_entries"
-    __table_args__ = (Index("ix_allowlist_entries_key_id", "key_id"),)
+    __table_args__ = (Index("ix_allowlist_entries_key_id", "key_id"), NEVER_REUSED)
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     key_id: Mapped[str] = mapped_column(String(32))

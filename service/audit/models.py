@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigIntId, JSONType, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigIntId, JSONType, UTCDateTime
 
 
 class AuditEntry(Base):
@@ -23,6 +23,7 @@ class AuditEntry(Base):
         Index("ix_audit_log_at_id", "at", "id"),
         Index("ix_audit_log_key_id", "key_id"),
         Index("ix_audit_log_action", "action"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)

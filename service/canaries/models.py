@@ -5,14 +5,14 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigIntId, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigIntId, UTCDateTime
 
 
 class Canary(Base):
     """Content that belongs to one canary tenant and must never appear in anyone else's answer."""
 
     __tablename__ = "canaries"
-    __table_args__ = (Index("ix_canaries_key_id", "key_id"),)
+    __table_args__ = (Index("ix_canaries_key_id", "key_id"), NEVER_REUSED)
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     key_id: Mapped[str] = mapped_column(String(32))

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Float, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigIntId, JSONType, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigIntId, JSONType, UTCDateTime
 
 
 class Finding(Base):
@@ -22,6 +22,7 @@ class Finding(Base):
         Index("ix_findings_detected_at_id", "detected_at", "id"),
         Index("ix_findings_source_tenant", "source_tenant"),
         Index("ix_findings_model", "model"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigIntId, JSONType, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigIntId, JSONType, UTCDateTime
 
 
 class Incident(Base):
@@ -24,6 +24,7 @@ class Incident(Base):
         Index("ix_incidents_opened_at_id", "opened_at", "id"),
         Index("ix_incidents_last_seen_at_id", "last_seen_at", "id"),
         Index("ix_incidents_severity_rank_id", "severity_rank", "id"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
@@ -93,7 +94,7 @@ class IncidentEvent(Base):
     """
 
     __tablename__ = "incident_events"
-    __table_args__ = (Index("ix_incident_events_incident_id_id", "incident_id", "id"),)
+    __table_args__ = (Index("ix_incident_events_incident_id_id", "incident_id", "id"), NEVER_REUSED)
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     incident_id: Mapped[int] = mapped_column(

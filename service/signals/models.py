@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, UTCDateTime
+from service.db import NEVER_REUSED, Base, UTCDateTime
 
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 SignalId = BigInteger().with_variant(Integer(), "sqlite")
@@ -24,6 +24,7 @@ class EngineSignal(Base):
         UniqueConstraint("deployment", "node", "event_id"),
         Index("ix_engine_signals_deployment_node_ts", "deployment", "node", "ts"),
         Index("ix_engine_signals_ts_id", "ts", "id"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(SignalId, primary_key=True, autoincrement=True)

@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigIntId, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigIntId, UTCDateTime
 
 
 class WebhookDelivery(Base):
@@ -25,6 +25,7 @@ class WebhookDelivery(Base):
     __table_args__ = (
         Index("ix_webhook_outbox_next_attempt_at", "next_attempt_at"),
         Index("ix_webhook_outbox_target_incident_id_id", "target", "incident_id", "id"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
