@@ -98,24 +98,43 @@ class Copy:
     score: int
     tokens: int  # response tokens its pieces cover, overlaps counted once
     fingerprints: int
+    stretch: bool  # one of its pieces is a stretch (is_finding), kept here so no one walks the chain for it
 
     @classmethod
     def of(cls, piece: Piece, n: int) -> Copy:
-        return cls(piece, None, piece.copied - (n - 1), piece.copied, piece.fingerprints)
+        stretch = piece.copied >= STRETCH_TOKENS
+        return cls(piece, None, piece.copied - (n - 1), piece.copied, piece.fingerprints, stretch)
 
     def then(self, piece: Piece, n: int) -> Copy:
         new = piece.copied - max(0, self.last.end - piece.start)  # what overlaps the last piece counted once
         score = self.score + new - (n - 1) - JOIN_TOKENS
-        return Copy(piece, self, score, self.tokens + new, self.fingerprints + piece.fingerprints)
+        stretch = self.stretch or piece.copied >= STRETCH_TOKENS
+        return Copy(piece, self, score, self.tokens + new, self.fingerprints + piece.fingerprints, stretch)
 
     @property
     def pieces(self) -> tuple[Piece, ...]:
+        """Its pieces in response order: a walk of the whole chain (``every_piece`` for many copies)."""
         out = []
         at: Copy | None = self
         while at is not None:
             out.append(at.last)
             at = at.before
         return tuple(reversed(out))
+
+
+def every_piece(copied: list[Copy]) -> list[Piece]:
+    """The pieces of all ``copied``, each once. Copies share the chains they continue, and a hostile
+    response can make many copies of long chains: each chain is walked only up to where another
+    copy's walk went, so this costs one step per piece, not per piece of each copy."""
+    seen: set[int] = set()
+    out: list[Piece] = []
+    for c in copied:
+        at: Copy | None = c
+        while at is not None and id(at) not in seen:
+            seen.add(id(at))
+            out.append(at.last)
+            at = at.before
+    return out
 
 
 @dataclass
@@ -141,25 +160,19 @@ class Response:
     blind: npt.NDArray[np.bool_]
     params: Params
     _kept: dict[tuple[int, int], npt.NDArray[np.bool_]] = field(default_factory=dict, repr=False)
-    _free: npt.NDArray[np.int64] | None = field(default=None, repr=False)
+    _explained: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False)
 
     def free(self, lo: int, hi: int) -> int:
         """How many of tokens ``[lo, hi)`` lie in no blind shingle: what a copy there can claim.
 
         A shingle that is common, allowlisted or the recipient's own explains its tokens, so the
-        shingles around it, which share them, vouch only for the rest.
+        shingles around it, which share them, vouch only for the rest. Computed on the blind
+        shingles' merged spans, so it costs their number, not the offsets' size (a response may
+        claim any offset up to 2**32 - 1).
         """
-        if self._free is None:
-            n = self.params.n
-            size = int(self.offsets[-1]) + n + 1 if len(self.offsets) else 1
-            edges = np.zeros(size + 1, dtype=np.int64)
-            blind = self.offsets[self.blind].astype(np.int64)
-            np.add.at(edges, blind, 1)
-            np.add.at(edges, blind + n, -1)
-            free = np.cumsum(edges[:size]) == 0
-            self._free = np.concatenate(([0], np.cumsum(free, dtype=np.int64)))
-        top = len(self._free) - 1
-        return int(self._free[min(hi, top)] - self._free[min(lo, top)]) + max(0, hi - max(lo, top))
+        if self._explained is None:
+            self._explained = _prefix_lengths(spans_of(self.offsets[self.blind].astype(np.int64), self.params.n))
+        return (hi - lo) - (_covered_below(self._explained, hi) - _covered_below(self._explained, lo))
 
     def kept(self, w: int, mod: int) -> npt.NDArray[np.bool_]:
         """Which fingerprints a source winnowed with ``w`` and sampled by ``mod`` would hold, had it the same text.
@@ -197,10 +210,33 @@ class Response:
         if len(starts):
             at = np.searchsorted(starts, self.offsets, "right") - 1
             self.blind |= (at >= 0) & (self.offsets < ends[np.maximum(at, 0)])
-            self._free = None
+            self._explained = None
 
 
 Spans = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def spans_of(starts: npt.NDArray[np.int64], length: int) -> Spans:
+    """``[s, s + length)`` for each of the sorted ``starts``, merged where they touch or overlap."""
+    if not len(starts):
+        return starts, starts
+    new = np.concatenate(([True], starts[1:] > starts[:-1] + length))
+    return starts[new], np.concatenate((starts[np.flatnonzero(new)[1:] - 1] + length, starts[-1:] + length))
+
+
+def _prefix_lengths(merged: Spans) -> tuple[list[int], list[int], list[int]]:
+    """Merged spans' starts, ends, and the total length of the spans before each."""
+    starts, ends = merged
+    before = np.concatenate(([0], np.cumsum(ends - starts)))
+    return starts.tolist(), ends.tolist(), before.tolist()
+
+
+def _covered_below(explained: tuple[list[int], list[int], list[int]], x: int) -> int:
+    """Tokens below ``x`` inside the spans."""
+    starts, ends, before = explained
+    i = bisect.bisect_right(ends, x)  # spans ending at or before x count whole
+    partial = x - starts[i] if i < len(starts) and starts[i] < x else 0
+    return before[i] + partial
 
 
 def spans(found: list[Piece]) -> Spans:
@@ -383,10 +419,7 @@ def is_finding(copied: list[Copy], t: Thresholds) -> bool:
     and has a stretch. Short pieces in the source's order, with other words between, are the shape of
     an interleaved leak and of a template filled in twice (a class's methods beside another's); only
     the leak has somewhere an exact piece of the 8 tokens that make a copy."""
-    return any(
-        c.score >= t.min_score and c.fingerprints >= t.min_matched and any(p.copied >= STRETCH_TOKENS for p in c.pieces)
-        for c in copied
-    )
+    return any(c.score >= t.min_score and c.fingerprints >= t.min_matched and c.stretch for c in copied)
 
 
 def longest(copied: list[Copy]) -> int:

@@ -38,6 +38,7 @@ from service.matching.evidence import (
     Thresholds,
     coverage,
     evaluate,
+    every_piece,
     holes,
     is_finding,
     least_matches,
@@ -513,7 +514,7 @@ class Summary:
 
 
 def _summarise(key: MatchSource, copied: list[Copy], sources: dict[int, Source], tokens: int, n: int) -> Summary:
-    found = sorted({p for c in copied for p in c.pieces}, key=lambda p: (p.start, p.source_doc))
+    found = sorted(set(every_piece(copied)), key=lambda p: (p.start, p.source_doc))
     first = sources[found[0].source_doc]
     return Summary(
         tenant=first.tenant,
@@ -543,9 +544,18 @@ def _matched_values(meta: DocMeta, stretches: tuple[tuple[int, int], ...]) -> li
     else holds parts of it (marked a false positive, all of it is allowlisted)."""
     assert meta.values is not None
     assert meta.offsets is not None
-    inside = np.zeros(len(meta.offsets), dtype=bool)
-    for first, last in stretches:
-        inside |= (meta.offsets >= first) & (meta.offsets <= last)
+    starts: list[int] = []
+    lasts: list[int] = []
+    for first, last in sorted(stretches):  # merged, so each offset is one search (many stretches, many offsets)
+        if lasts and first <= lasts[-1]:
+            lasts[-1] = max(lasts[-1], last)
+        else:
+            starts.append(first)
+            lasts.append(last)
+    if not starts:
+        return []
+    at = np.searchsorted(np.array(starts, dtype=np.int64), meta.offsets, "right") - 1
+    inside = (at >= 0) & (meta.offsets <= np.array(lasts, dtype=np.int64)[np.maximum(at, 0)])
     return to_signed(np.unique(meta.values[inside]))
 
 
