@@ -6,6 +6,8 @@ values, text or other tenants' data: at most the caller's own field names and li
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -95,11 +97,30 @@ def _body(status: int, error: str, detail: str, headers: dict[str, str] | None =
     return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+# A part of an error's location repeated as is: the shape of the schema's own field names. Another
+# name is the caller's (pasted text as a key, say) and is never sent back.
+FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
+
+
+def problem(err: Mapping[str, Any], start: str = "") -> str:
+    """``where: rule`` for one pydantic error, naming fields, never values; a name the caller chose
+    is repeated only if it has a field name's shape (``meta.comment``), else it is ``[…]``."""
+    loc = tuple(p for p in err.get("loc", ()) if p != "body")
+    if err.get("type") == "extra_forbidden":
+        return f"{field_path(loc, start)}: not a field of the schema"
+    return f"{field_path(loc, start)}: {err.get('msg', 'invalid')}"
+
+
+def field_path(loc: Sequence[Any], start: str = "") -> str:
+    """``exchanges[3].prompt.offsets``."""
+    out = start
+    for p in loc:
+        if isinstance(p, int) or (isinstance(p, str) and p.isdigit()):
+            out += f"[{p}]"
+        elif isinstance(p, str) and FIELD_NAME.match(p):
+            out += f".{p}" if out else p
+        else:
+            out += "[…]"
     return out or "body"
 
 
@@ -110,10 +131,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors()[:10]:
-            problems.append(f"{_location(tuple(err.get('loc', ())))}: {err.get('msg', 'invalid')}")
-        return _body(422, "invalid", "; ".join(problems))
+        return _body(422, "invalid", "; ".join(problem(err) for err in exc.errors()[:10]))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -107,7 +107,7 @@ async def test_too_many_fingerprints_is_413(small_api: Api) -> None:
         ({"ts": "yesterday"}, "exchanges[0].ts"),
         ({"ts": time.time() + 86400}, "exchanges[0].ts"),
         ({"meta__deployment": {"nested": 1}}, "exchanges[0].meta.deployment"),
-        ({"surprise": 1}, "exchanges[0].surprise"),
+        ({"surprise": 1}, "exchanges[0].surprise: not a field of the schema"),
     ],
 )
 async def test_malformed_exchange_is_422_naming_the_field(small_api: Api, changes: dict[str, Any], field: str) -> None:
@@ -123,6 +123,18 @@ async def test_errors_do_not_echo_the_payload(small_api: Api) -> None:
     assert status == 422
     assert secret_ish not in body["detail"]
     assert "x" * 50 not in body["detail"]
+    # A field's name is the caller's too: text pasted as a key is not sent back, at any depth.
+    pasted = "Patient John Doe SSN 078-05-1120"
+    for batch in (
+        {"exchanges": [one()], pasted: 1},
+        {"exchanges": [one(), one(request_id="r-2", **{pasted: 1})]},
+        {"exchanges": [one(meta={"deployment": "d", pasted: 1})]},
+    ):
+        status, body = await post(small_api, batch)
+        assert status in (202, 422), body  # 202: the other exchange is taken, this one's results[i] says why not
+        said = body["detail"] if status == 422 else " ".join(r["detail"] or "" for r in body["results"])
+        assert "John" not in said
+        assert "[…]: not a field of the schema" in said
 
 
 async def test_offsets_out_of_order_and_duplicate_requests(small_api: Api) -> None:

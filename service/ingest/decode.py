@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from service.errors import Invalid, PayloadTooLarge
+from service.errors import Invalid, PayloadTooLarge, problem
 from service.ingest.schemas import Batch, Exchange
 from service.wire import Decoded, decode_text
 
@@ -53,18 +53,8 @@ def parse_exchange(raw: dict[str, Any], i: int) -> Exchange:
     try:
         return _exchange.validate_python(raw)
     except ValidationError as exc:
-        problems = [
-            f"{_location(i, err.get('loc', ()))}: {err.get('msg', 'invalid')}"
-            for err in exc.errors(include_url=False, include_input=False)[:10]
-        ]
-        raise Invalid("; ".join(problems)) from None
-
-
-def _location(i: int, loc: tuple[int | str, ...]) -> str:
-    out = f"exchanges[{i}]"
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{str(part)[:64]}"
-    return out
+        errors = exc.errors(include_url=False, include_input=False)[:10]
+        raise Invalid("; ".join(problem(err, f"exchanges[{i}]") for err in errors)) from None
 
 
 def check_exchange(ex: Exchange, i: int, limits: Limits, now: float) -> None:
