@@ -1,6 +1,7 @@
 """What names may hold: tenants, models, deployments, nodes, keys, labels, request ids.
 
-No control characters (Unicode Cc) and no format characters (Cf: zero-width spaces and joiners,
+No control characters (Unicode Cc), no line or paragraph separators (Zl, Zp: line breaks in many
+log viewers and editors, as a newline is) and no format characters (Cf: zero-width spaces and joiners,
 bidirectional overrides, the byte-order mark, tag characters). Format characters are invisible:
 ``acme`` and ``ac<U+200B>me`` look the same in a log, a dashboard or a CSV, and a bidi override
 makes a name read differently from what it is, so an operator could be shown a tenant that is
@@ -32,7 +33,7 @@ def _escape(code: int) -> str:
 
 
 FORMAT_CHARACTERS = _ranges("Cf")
-_CLASS = "\\x00-\\x1f\\x7f-\\x9f" + "".join(
+_CLASS = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029" + "".join(
     _escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in FORMAT_CHARACTERS
 )
 NAME_PATTERN = f"^[^{_CLASS}]+$"  # one or more allowed characters

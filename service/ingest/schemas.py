@@ -16,7 +16,7 @@ class Scheme(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: Literal[1]
+    version: Annotated[Literal[1], NOT_TEXT]
     n: Annotated[int, Field(ge=1, le=64), NOT_TEXT]
     w: Annotated[int, Field(ge=1, le=256), NOT_TEXT]
     sample_after: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
