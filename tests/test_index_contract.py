@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -220,3 +221,31 @@ async def test_doc_refs_stay_below_two_to_the_32(index: Index) -> None:
     assert 0 < first < first + 3 <= 2**32
     with pytest.raises(ValueError, match="count"):
         await index.new_doc_refs(0)
+
+
+async def test_a_large_insert_and_lookup_leave_the_event_loop_to_others(index: Index) -> None:
+    """A batch near the size limits must not hold the loop (health checks, other requests) for its whole
+    insert: Redis' calls wait on the network, the embedded index yields every few thousand fingerprints."""
+    ticks = 0
+    running = True
+
+    async def tick() -> None:
+        nonlocal ticks
+        while running:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    values = np.arange(1, 40_001, dtype=np.uint64) * np.uint64(2_654_435_761)
+    offsets = np.arange(5_000, dtype=np.uint32)
+    docs = [Doc(900 + i, 9, Kind.PROMPT, values[i * 5_000 : (i + 1) * 5_000], offsets) for i in range(8)]
+    await asyncio.sleep(0)
+    before = ticks
+    await index.insert(NS, docs, NOW)
+    during_insert, before = ticks - before, ticks
+    await index.lookup(NS, values, NOW)
+    during_lookup = ticks - before
+    running = False
+    await ticker
+    assert during_insert >= 2
+    assert during_lookup >= 2

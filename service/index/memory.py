@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterable
 
@@ -27,6 +28,10 @@ from service.index.outbox import MemoryOutbox
 from service.index.queue import MemoryQueue
 from service.index.window import Window
 
+# Inserts and lookups are Python loops on the event loop: they let it answer (health checks, other
+# requests) every this many fingerprints, as Redis' chunked calls do. Another batch's work may run
+# in between, which the Redis index allows as well.
+YIELD_EVERY = 5_000
 # A generation's fingerprint table: value -> entries by tenant, or None once common.
 _Table = dict[int, dict[int, Entry] | None]
 _ABSENT: dict[int, Entry] = {}  # a sentinel: not in the table
@@ -145,7 +150,12 @@ class MemoryIndex:
         counts: dict[tuple[int, int, int, int], int] = {}
         if any(not 0 <= d.ref < DOC_REF_LIMIT or not 0 <= d.tenant < DOC_REF_LIMIT for d in docs):
             raise ValueError("doc and tenant refs are stored as u32: use new_doc_refs and tenant_refs")
+        since_yield = 0
         for pos, doc in enumerate(docs):
+            since_yield += len(doc.values)
+            if since_yield >= YIELD_EVERY:
+                since_yield = 0
+                await asyncio.sleep(0)
             kind = int(doc.kind)
             for value, offset in zip(doc.values.tolist(), doc.offsets.tolist(), strict=True):
                 merged = self._merged(key_id, value, gens)
@@ -175,7 +185,9 @@ class MemoryIndex:
     async def lookup(self, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
         gens = self._window.live(now)
         out = []
-        for value in values.tolist():
+        for i, value in enumerate(values.tolist()):
+            if i and i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             merged = self._merged(key_id, value, gens)
             out.append(Lookup(None if merged is None else tuple(merged.values())))
         return out
