@@ -223,7 +223,7 @@ def _canary(args: argparse.Namespace) -> int:
         print(
             f"canary {r.canary_id} ({r.label}, {r.tokens} tokens) sent: engine answered {r.status} in {r.seconds:.1f}s"
         )
-        if not 200 <= r.status < 300:  # a 200 proves nothing (the incident's engine sent 200s); this, a probe not run
+        if not 200 <= r.status < 300:  # the probe did not run (a 200 proves no more: the incident's engine sent 200s)
             print(f"bleedwatch canary probe: canary {r.canary_id} was not answered (HTTP {r.status})", file=sys.stderr)
             unanswered += 1
     return 1 if unanswered else 0

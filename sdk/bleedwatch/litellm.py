@@ -310,8 +310,8 @@ class BleedwatchLogger(_CustomLogger):
             key_hex = os.environ.get("BLEEDWATCH_FINGERPRINT_KEY", "")
             try:
                 self._key = key_from_hex(key_hex) if key_hex else None
-            except ValueError as e:
-                problem = f" ({e})"
+            except ValueError as exc:  # its message names the rule, never the key
+                problem = f" ({exc})"
         url = self._url or os.environ.get("BLEEDWATCH_URL") or ""
         api_key = self._api_key or os.environ.get("BLEEDWATCH_API_KEY") or ""
         if self._key is None or (need_url and not (url and api_key)):
