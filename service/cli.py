@@ -383,6 +383,11 @@ def parser() -> argparse.ArgumentParser:
     tp = tsub.add_parser("purge")
     tp.add_argument("tenant")
     tp.add_argument("--yes", action="store_true", help="no confirmation prompt (scripts)")
+    tp.add_argument(
+        "--database-only",
+        action="store_true",
+        help="embedded default only, with its server stopped: the index went with it, the database is all there is",
+    )
     t.set_defaults(func=_tenants)
 
     q = sub.add_parser("queue", help="the ingest queue: batches waiting, and dead letters to put back")
@@ -438,9 +443,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             named = not where or message.startswith("BLEEDWATCH_")
             print(f"bleedwatch: {'' if named else f'BLEEDWATCH_{where.upper()}: '}{message}", file=sys.stderr)
         return 2
-    except httpx.TransportError as exc:  # the service or an engine is down, or the URL is wrong
-        print(f"bleedwatch {args.command}: cannot reach {_where(exc)}: {exc or type(exc).__name__}", file=sys.stderr)
+    except httpx.RequestError as exc:  # the service or an engine is down, or the URL points elsewhere
+        print(
+            f"bleedwatch {args.command}: cannot reach {_where(exc)}: {str(exc) or type(exc).__name__}", file=sys.stderr
+        )
         return 1
+    except httpx.InvalidURL as exc:
+        print(f"bleedwatch {args.command}: {exc}", file=sys.stderr)
+        return 2
     except (Refused, Rejected, Undelivered) as exc:  # the service said no, or never said yes
         print(f"bleedwatch {args.command}: {exc}", file=sys.stderr)
         return 1

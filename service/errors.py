@@ -115,7 +115,7 @@ def field_path(loc: Sequence[Any], start: str = "") -> str:
     """``exchanges[3].prompt.offsets``."""
     out = start
     for p in loc:
-        if isinstance(p, int) or (isinstance(p, str) and p.isdigit()):
+        if isinstance(p, int):  # a list position (a dict key, even of digits, is a string: the caller's)
             out += f"[{p}]"
         elif isinstance(p, str) and FIELD_NAME.match(p):
             out += f".{p}" if out else p

@@ -131,11 +131,13 @@ async def test_errors_do_not_echo_the_payload(small_api: Api) -> None:
         {"exchanges": [one()], pasted: 1},
         {"exchanges": [one(), one(request_id="r-2", **{pasted: 1})]},
         {"exchanges": [one(meta={"deployment": "d", pasted: 1})]},
+        {"exchanges": [one(meta={"deployment": "d", "078051120": 1})]},  # digits are no list position
     ):
         status, body = await post(small_api, batch)
         assert status in (202, 422), body  # 202: the other exchange is taken, this one's results[i] says why not
         said = body["detail"] if status == 422 else " ".join(r["detail"] or "" for r in body["results"])
         assert "John" not in said
+        assert "078051120" not in said
         assert "[…]: not a field of the schema" in said
 
 

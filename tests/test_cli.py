@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.app import create_app
 from service.cli import main
@@ -207,6 +207,10 @@ def test_a_service_that_refuses_or_is_gone_is_one_line_not_a_traceback(
     def refuse() -> JSONResponse:
         return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
 
+    @unanswered.post("/v1/allowlist")
+    def not_bleedwatch() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
     with local_server(create_app(embedded_env)) as url, local_server(unanswered) as engine:
         add = ["allowlist", "add", str(docs), "--url", url, "--key-file", str(key_file)]
         assert main([*add, "--api-key", ingest]) == 1  # an admin's route
@@ -216,5 +220,9 @@ def test_a_service_that_refuses_or_is_gone_is_one_line_not_a_traceback(
         out = capsys.readouterr()
         assert "engine answered 401" in out.out
         assert "was not answered (HTTP 401)" in out.err
+        assert main([*add, "--api-key", admin, "--url", engine]) == 1
+        assert capsys.readouterr().err.endswith("POST /v1/allowlist -> 200 but not JSON: is this bleedwatch?\n")
     assert main([*add, "--api-key", admin]) == 1  # the service is gone
     assert capsys.readouterr().err.startswith(f"bleedwatch allowlist: cannot reach {url}: ")
+    assert main([*add, "--api-key", admin, "--url", "http://[::1"]) == 2
+    assert capsys.readouterr().err.startswith("bleedwatch allowlist: ")

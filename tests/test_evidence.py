@@ -280,9 +280,13 @@ def test_copies_sharing_long_chains_give_each_piece_once() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    offsets=st.lists(st.integers(0, 2**32 - 1 - N), min_size=1, max_size=40, unique=True),
+    offsets=st.one_of(  # dense: blind shingles that touch and overlap; sparse: offsets anywhere up to 2**32
+        st.lists(st.integers(0, 100), min_size=1, max_size=60, unique=True),
+        st.lists(st.integers(0, 2**32 - 1 - N), min_size=1, max_size=40, unique=True),
+    ),
     blind=st.data(),
-    cut=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    cut=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+    | st.tuples(st.integers(0, 120), st.integers(0, 120)),
 )
 def test_free_tokens_cost_the_blind_shingles_not_the_offsets(
     offsets: list[int], blind: st.DataObject, cut: tuple[int, int]

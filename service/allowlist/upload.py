@@ -51,7 +51,12 @@ def check(resp: httpx.Response) -> dict[str, Any]:
         except ValueError:
             detail = resp.text[:200]
         raise Refused(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code} {detail}")
-    data: dict[str, Any] = resp.json()
+    try:
+        data: dict[str, Any] = resp.json()
+    except ValueError:
+        raise Refused(
+            f"{resp.request.method} {resp.request.url.path} -> {resp.status_code} but not JSON: is this bleedwatch?"
+        ) from None
     return data
 
 

@@ -152,12 +152,12 @@ class MemoryIndex:
             raise ValueError("doc and tenant refs are stored as u32: use new_doc_refs and tenant_refs")
         since_yield = 0
         for pos, doc in enumerate(docs):
-            since_yield += len(doc.values)
-            if since_yield >= YIELD_EVERY:
-                since_yield = 0
-                await asyncio.sleep(0)
             kind = int(doc.kind)
             for value, offset in zip(doc.values.tolist(), doc.offsets.tolist(), strict=True):
+                since_yield += 1
+                if since_yield == YIELD_EVERY:  # one text may hold 500,000
+                    since_yield = 0
+                    await asyncio.sleep(0)
                 merged = self._merged(key_id, value, gens)
                 if merged is None:
                     current[value] = None

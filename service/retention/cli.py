@@ -38,28 +38,33 @@ async def run_prune(_: argparse.Namespace) -> int:
 
 async def run_purge(args: argparse.Namespace) -> int:
     """The index first (Redis: tombstone, documents, queued batches, held findings), then the database.
-    The embedded index lives in the server's process: there only ``POST /v1/tenants/purge`` does both,
-    and this command refuses rather than purge the database alone."""
+    The embedded index lives in the server's process: there ``POST /v1/tenants/purge`` does both, and
+    this command purges the database only when told the server is stopped (``--database-only``)."""
     from service.index.factory import make_index
 
     settings = Settings()
-    if settings.redis_url is None:
-        # Half a purge would leave the running server's index naming the tenant in new findings.
+    if settings.redis_url is None and not args.database_only:
+        # Half a purge would leave a running server's index naming the tenant in new findings.
         print(
             "nothing purged: the embedded index lives in the server's process, out of this command's reach; "
-            'purge through the server: POST /v1/tenants/purge {"tenant": ...} with an admin key',
+            'purge through the server: POST /v1/tenants/purge {"tenant": ...} with an admin key, or, with the '
+            "server stopped (its index went with it), add --database-only",
             file=sys.stderr,
         )
         return 2
-    index = make_index(settings)
-    try:
-        done = await purge_tenant_index(index, args.tenant, time.time())
-    finally:
-        await index.close()
-    print(
-        f"index: {done.documents} documents deleted, {done.batches} queued batches rewritten, "
-        f"{done.held_findings} held findings removed; a tombstone refuses the tenant's earlier exchanges"
-    )
+    if settings.redis_url is not None and args.database_only:
+        print("--database-only is for the embedded default: with Redis, the index is purged too", file=sys.stderr)
+        return 2
+    if settings.redis_url is not None:
+        index = make_index(settings)
+        try:
+            done = await purge_tenant_index(index, args.tenant, time.time())
+        finally:
+            await index.close()
+        print(
+            f"index: {done.documents} documents deleted, {done.batches} queued batches rewritten, "
+            f"{done.held_findings} held findings removed; a tombstone refuses the tenant's earlier exchanges"
+        )
     engine = make_engine(settings)
     try:
         async with session_scope(make_sessionmaker(engine)) as session:
@@ -70,6 +75,7 @@ async def run_purge(args: argparse.Namespace) -> int:
         f"purged: {purged.findings_deleted} findings deleted, {purged.findings_scrubbed} scrubbed, "
         f"{purged.incidents_deleted} incidents deleted, {purged.incidents_updated} updated"
     )
-    print(f"index entries: {index_note(settings)}")
+    if settings.redis_url is not None:
+        print(f"index entries: {index_note(settings)}")
     print(f"not purged: {NOT_PURGED}")
     return 0
