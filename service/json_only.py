@@ -12,6 +12,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 OWN_CHECK = frozenset({"/v1/exchanges"})  # the ingest route checks (and counts) this itself
+DETAIL = "send the request body as Content-Type: application/json, in UTF-8"
+
+
+def is_json(content_type: str) -> bool:
+    """``application/json``, with no charset or UTF-8's: JSON between systems is UTF-8 (RFC 8259), and a
+    body said to be in another charset would be read as UTF-8 all the same, into other names."""
+    media, *params = (part.strip().lower() for part in content_type.split(";"))
+    charsets = [p.partition("=")[2].strip().strip('"') for p in params if p.partition("=")[0].strip() == "charset"]
+    return media == "application/json" and all(c in ("utf-8", "utf8") for c in charsets)
 
 
 class JsonOnly:
@@ -24,17 +33,15 @@ class JsonOnly:
                 await self.app(scope, receive, send)
                 return
             headers = dict(scope["headers"])
-            content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            content_type = headers.get(b"content-type", b"").decode("latin-1")
             has_body = headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
-            if content_type != b"application/json" and (has_body or content_type):
+            if not is_json(content_type) and (has_body or content_type):
                 await self._refuse(send)
                 return
         await self.app(scope, receive, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = orjson.dumps(
-            {"error": "unsupported_media_type", "detail": "send the request body as Content-Type: application/json"}
-        )
+        body = orjson.dumps({"error": "unsupported_media_type", "detail": DETAIL})
         await send(
             {
                 "type": "http.response.start",

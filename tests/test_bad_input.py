@@ -158,6 +158,10 @@ async def test_not_json_is_415_or_422(small_api: Api) -> None:
     assert status == 415
     status, body = await post(small_api, b"{not json")
     assert status == 422
+    ok = orjson.dumps({"exchanges": [one()]})
+    for utf8 in ("application/json; charset=utf-8", 'application/JSON;charset="UTF-8"'):
+        assert (await post(small_api, ok, content_type=utf8))[0] == 202
+    assert (await post(small_api, ok, content_type="application/json; charset=iso-8859-1"))[0] == 415
     status, body = await post(small_api, {"exchanges": []})
     assert status == 422
     assert "exchanges" in body["detail"]

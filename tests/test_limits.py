@@ -120,7 +120,7 @@ async def test_every_json_endpoint_wants_json_and_bounded_strings(api: Api) -> N
         ("POST", "/v1/signals"),
         ("POST", "/v1/exchanges"),
     ):
-        for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/json; charset=latin-1"):
             key = api.headers(Role.INGEST) if path in ("/v1/exchanges", "/v1/signals") else admin
             resp = await api.client.request(
                 method, path, content=b'{"tenant": "acme"}', headers=key | {"Content-Type": content_type}
@@ -128,9 +128,9 @@ async def test_every_json_endpoint_wants_json_and_bounded_strings(api: Api) -> N
             assert resp.status_code == 415, (method, path, resp.text)
             assert resp.json() == {
                 "error": "unsupported_media_type",
-                "detail": "send the batch as Content-Type: application/json"
+                "detail": "send the batch as Content-Type: application/json, in UTF-8"
                 if path == "/v1/exchanges"
-                else "send the request body as Content-Type: application/json",
+                else "send the request body as Content-Type: application/json, in UTF-8",
             }
     missing = await api.client.post("/v1/tenants/purge", headers=admin)
     assert missing.status_code == 422

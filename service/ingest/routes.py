@@ -21,6 +21,7 @@ from service.errors import (
     responses,
 )
 from service.ingest.schemas import Batch, DropReport, DropResult, Envelope, Exchange, IngestResult, QueueStatus
+from service.json_only import is_json
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 _batch = TypeAdapter(Batch)
@@ -82,9 +83,8 @@ async def ingest_exchanges(request: Request, response: Response, deps: Deps, cal
     """
     with metrics.INGEST_DURATION.time():
         try:
-            content_type = request.headers.get("content-type", "")
-            if content_type.split(";")[0].strip().lower() != "application/json":
-                raise UnsupportedMediaType("send the batch as Content-Type: application/json")
+            if not is_json(request.headers.get("content-type", "")):
+                raise UnsupportedMediaType("send the batch as Content-Type: application/json, in UTF-8")
             body = await request.body()  # at most BLEEDWATCH_MAX_BODY_BYTES: see service/body_limit.py
             metrics.INGEST_BYTES.inc(len(body))
             items: list[Exchange] | list[dict[str, Any]]
