@@ -235,6 +235,14 @@ INDEX_MEMORY = Gauge("bleedwatch_index_memory_bytes", "Memory used by the index.
 INDEX_MEMORY_MAX = Gauge(
     "bleedwatch_index_memory_max_bytes", "Memory limit of the index (Redis maxmemory).", multiprocess_mode="mostrecent"
 )
+# used_memory / maxmemory of the fullest primary: a Redis Cluster refuses writes on the first node that
+# is full (a master with more slots, or hot keys), however much room the others have. 0 where none has
+# a limit, and for the in-process index. BleedwatchIndexMemoryHigh alerts on it.
+INDEX_MEMORY_FULLEST = Gauge(
+    "bleedwatch_index_memory_fullest_ratio",
+    "Used memory over maxmemory of the fullest Redis primary.",
+    multiprocess_mode="mostrecent",
+)
 # 1 when the Redis in use keeps what was answered 202 (AOF on, maxmemory-policy noeviction, every node), else 0.
 REDIS_PERSISTENCE_OK = Gauge(
     "bleedwatch_redis_persistence_ok",
@@ -408,6 +416,7 @@ class IndexStats:
     items: int
     memory_bytes: int
     memory_max_bytes: int = 0  # Redis maxmemory (summed over primaries); 0: no limit, or in-process
+    memory_fullest: float = 0.0  # used / maxmemory of the fullest primary with a limit; 0: none has one
 
 
 @runtime_checkable
@@ -456,6 +465,7 @@ class IndexStatsCache:
         INDEX_ITEMS.set(stats.items)
         INDEX_MEMORY.set(stats.memory_bytes)
         INDEX_MEMORY_MAX.set(stats.memory_max_bytes)
+        INDEX_MEMORY_FULLEST.set(stats.memory_fullest)
         if isinstance(index, ReportsDurability):
             try:
                 durability = await asyncio.wait_for(index.durability(), self.timeout_seconds)

@@ -226,6 +226,7 @@ async def test_ingest_feeds_metrics_without_tenant_data(
     assert _value("bleedwatch_index_memory_bytes") > 0
     assert "\nbleedwatch_index_memory_max_bytes " in body  # Redis maxmemory (tests/test_redis_index.py)
     assert _value("bleedwatch_index_memory_max_bytes") == 0 or not settings.embedded
+    assert _value("bleedwatch_index_memory_fullest_ratio") == 0 or not settings.embedded
     assert _value("bleedwatch_retention_seconds") == settings.retention_seconds
     for secret in ("tenant-a", "tenant-b", "r-a", "r-b"):
         assert f'"{secret}"' not in body

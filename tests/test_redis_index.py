@@ -198,7 +198,8 @@ async def primaries(index: RedisIndex, settings: Settings) -> list[redis.asyncio
 
 async def test_stats_read_maxmemory_of_every_primary_with_the_memory(index: Index, settings: Settings) -> None:
     """bleedwatch_index_memory_max_bytes: maxmemory summed over the primaries, from the same INFO memory
-    (still two round trips); 0 while any primary has none, since the ratio would then mean nothing."""
+    (still two round trips); 0 while any primary has none, since the ratio would then mean nothing.
+    bleedwatch_index_memory_fullest_ratio: the primary nearest its own limit, which refuses writes first."""
     r = redis_of(index)
     nodes = await primaries(r, settings)
     try:
@@ -214,8 +215,13 @@ async def test_stats_read_maxmemory_of_every_primary_with_the_memory(index: Inde
             assert stats.memory_max_bytes == sum(limits)
             assert 0 < stats.memory_bytes < stats.memory_max_bytes
             assert (after or 0) - (trips or 0) == 2
+            # The first primary has the least room to spare: its ratio is the fullest, not the sum's.
+            assert stats.memory_fullest == pytest.approx(used[0] / limits[0], rel=0.05)
+            assert stats.memory_fullest >= stats.memory_bytes / stats.memory_max_bytes
             await nodes[-1].config_set("maxmemory", 0)
             assert (await r.stats()).memory_max_bytes == 0
+            if len(nodes) > 1:  # the others still have a limit: the fullest of them is still known
+                assert (await r.stats()).memory_fullest > 0
         finally:
             for node, limit in zip(nodes, before, strict=True):
                 await node.config_set("maxmemory", limit)

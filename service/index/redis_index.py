@@ -658,7 +658,8 @@ class RedisIndex:
         On a Redis Cluster all are asked of every primary and added up: redis-py sums DBSIZE over
         the primaries itself, but sends INFO to one node unless told, which would report a third
         (at 3 masters) of the memory, or a flat answer where a per-node one was expected. The limit
-        is 0 (none) when any primary has none: a sum over the others would understate it.
+        is 0 (none) when any primary has none: a sum over the others would understate it. The fullest
+        primary's share of its own limit is what says when writes will be refused.
         """
         metrics.REDIS_ROUND_TRIPS.inc(2)
         if isinstance(self._r, RedisCluster):
@@ -671,10 +672,12 @@ class RedisIndex:
             items, memory = await self._r.dbsize(), await self._r.info("memory")
             nodes = [memory]
         limits = [int(m.get("maxmemory", 0)) for m in nodes]
+        used = [int(m.get("used_memory", 0)) for m in nodes]
         return metrics.IndexStats(
             items=int(items),
-            memory_bytes=sum(int(m.get("used_memory", 0)) for m in nodes),
+            memory_bytes=sum(used),
             memory_max_bytes=sum(limits) if all(limits) else 0,
+            memory_fullest=max((u / limit for u, limit in zip(used, limits, strict=True) if limit), default=0.0),
         )
 
 
