@@ -45,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host or settings.host,
         port=args.port or settings.port,
         workers=settings.workers,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         loop="uvloop",
         http="httptools",
         log_level=settings.log_level,

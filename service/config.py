@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -119,6 +120,9 @@ class Settings(BaseSettings):
     api_key_stale_seconds: float = Field(300.0, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=0, le=65535)
+    # Proxies (addresses or CIDR networks, "*" for any) whose X-Forwarded-For names the client: its
+    # address keys the auth-failure buckets. None: uvicorn's FORWARDED_ALLOW_IPS, else the loopback.
+    forwarded_allow_ips: str | None = None
     work_port: int = Field(8401, ge=0, le=65535)  # `bleedwatch work`: /metrics, /healthz, /readyz
     workers: int = Field(1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -146,6 +150,17 @@ class Settings(BaseSettings):
             for key_id in value:
                 if not isinstance(key_id, str) or not KEY_ID.match(key_id):
                     raise ValueError("BLEEDWATCH_ACCEPTED_KEY_IDS: give 16-hex-digit key ids, comma-separated")
+        return value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: str | None) -> str | None:
+        for part in (value or "").split(","):
+            if part.strip() not in ("", "*"):
+                try:
+                    ipaddress.ip_network(part.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(f"{part.strip()!r} is no IP address or network (CIDR), nor *") from None
         return value
 
     @field_validator("risk_rules_file")

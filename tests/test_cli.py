@@ -226,3 +226,20 @@ def test_a_service_that_refuses_or_is_gone_is_one_line_not_a_traceback(
     assert capsys.readouterr().err.startswith(f"bleedwatch allowlist: cannot reach {url}: ")
     assert main([*add, "--api-key", admin, "--url", "http://[::1"]) == 2
     assert capsys.readouterr().err.startswith("bleedwatch allowlist: ")
+
+
+def test_serve_trusts_the_forwarded_header_of_the_proxies_named(
+    embedded_env: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Behind a load balancer every client has its address: the auth-failure buckets are per client only
+    when uvicorn trusts the balancer's X-Forwarded-For."""
+    import uvicorn
+
+    ran: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda *_, **kwargs: ran.update(kwargs))
+    monkeypatch.setenv("BLEEDWATCH_FORWARDED_ALLOW_IPS", "10.0.0.0/8, 192.168.1.7")
+    assert main(["serve"]) == 0
+    assert ran["forwarded_allow_ips"] == "10.0.0.0/8, 192.168.1.7"
+    monkeypatch.setenv("BLEEDWATCH_FORWARDED_ALLOW_IPS", "10.0.0.0/8,lb.internal")
+    assert main(["serve"]) == 2
+    assert "'lb.internal' is no IP address or network" in capsys.readouterr().err

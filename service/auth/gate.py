@@ -7,7 +7,7 @@ not a key's shape costs no query), takes the key's rate-limit token, and only th
 request through; the route's ``require()`` checks the role. Refused keys take a token from a
 bucket per client address (``BLEEDWATCH_AUTH_FAILURES_*``), so guessing ids costs the guesser
 429s, not the database queries. Behind a proxy the client address is the proxy's unless uvicorn
-trusts its forwarded headers (``--forwarded-allow-ips``).
+trusts its forwarded headers (``BLEEDWATCH_FORWARDED_ALLOW_IPS``).
 """
 
 from __future__ import annotations
