@@ -32,6 +32,8 @@ NAMING_CONVENTION = {
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+# 64 bits on both: PostgreSQL's BIGINT, SQLite's INTEGER (which already holds 64), as the schema has it.
+BigInt = BigInteger().with_variant(Integer(), "sqlite")
 # ... and without AUTOINCREMENT it hands out max(id) + 1, so deleting the newest rows (a purge, the
 # retention job) gives their ids to the next ones: a link, an audit target or a webhook id would then
 # name another incident. Tables with a BigIntId take this (PostgreSQL's sequences never go back).

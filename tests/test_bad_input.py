@@ -13,6 +13,7 @@ import pytest
 from service.auth.keys import Role
 from service.config import Settings
 from tests.conftest import Api, running_api
+from tests.incident_traffic import leak_pair
 from tests.traffic import exchange, words
 
 pytestmark = pytest.mark.anyio
@@ -204,3 +205,14 @@ async def test_one_bad_exchange_never_sinks_the_others(small_api: Api) -> None:
     status, body = await post(small_api, {"exchanges": [one(request_id="new", ts=time.time()), batch[0]]})
     assert (status, [r["status"] for r in body["results"]]) == (202, ["accepted", "duplicate"])
     assert (body["accepted"], body["duplicates"], body["processed"]) == (1, 1, True)
+
+
+async def test_token_counts_past_two_to_the_31_are_a_finding_like_any(api: Api) -> None:
+    """Token counts and offsets are u32 on the wire and the sender's to choose; PostgreSQL's INTEGER
+    refused 2**31 and the batch was dead-lettered, with the leak it held (migration 0011)."""
+    (src, dst), rid = leak_pair("argparse", "acme", "globex", time.time(), prompt_tokens=2**31 + 7)
+    dst["response"]["token_count"] = 2**32 - 1
+    status, body = await post(api, {"exchanges": [src, dst]})
+    assert (status, body["accepted"], body["findings"]) == (202, 2, 1), body
+    findings = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
+    assert [(f["recipient_request_id"], f["prompt_tokens"]) for f in findings] == [(rid, 2**31 + 7)]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import struct
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from service.config import Settings
 from service.index.base import Doc, Index, Kind
 from service.index.factory import make_index
 from service.index.keys import DOC_REF_LIMIT, Keys
-from service.index.redis_index import RedisIndex
+from service.index.redis_index import PIPELINE_CALLS, RECORDS_PER_CALL, RedisIndex
 from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words
 
@@ -143,9 +145,26 @@ async def test_every_bucket_size_keeps_the_contract(settings: Settings, bits: in
 
 
 @pytest.mark.parametrize("bits", [16, 24])
-async def test_thousands_of_records_in_one_shard_are_read_in_chunks(settings: Settings, bits: int) -> None:
-    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit), at any filter size."""
+async def test_thousands_of_records_in_one_shard_are_read_in_chunks(
+    settings: Settings, bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Lua call reads the presence filters in chunks of 1,000 bits (Lua's unpack limit), at any filter size.
+    A sender chooses its values and can put a whole text in one shard: a call still carries at most
+    RECORDS_PER_CALL records (one call with them all held Redis past its 5 s script limit: BUSY for
+    every client), and a pipeline at most PIPELINE_CALLS calls, which Redis runs back to back."""
     r = make_index(settings.model_copy(update={"index_bucket_bits": bits}))
+    sent: list[list[int]] = []  # records of each call, per pipeline
+    pipeline = RedisIndex._pipeline
+
+    async def counting(self: RedisIndex, calls: Any) -> list[Any]:
+        def records(keys: list[str], args: list[Any]) -> int:  # the u32 count of records per key
+            (counts,) = [a for a in args if isinstance(a, bytes) and len(a) == 4 * len(keys)][:1]
+            return sum(struct.unpack(f">{len(keys)}I", counts))
+
+        sent.append([records(keys, args) for _, keys, args in calls])
+        return await pipeline(self, calls)
+
+    monkeypatch.setattr(RedisIndex, "_pipeline", counting)
     rng = np.random.default_rng(5)
     values = np.unique((rng.integers(0, 2**56, 2500, dtype=np.uint64)) | np.uint64(0x5A << 56))  # all in shard 5a
     offsets = np.arange(len(values), dtype=np.uint32) * 3
@@ -155,6 +174,8 @@ async def test_thousands_of_records_in_one_shard_are_read_in_chunks(settings: Se
     found = await r.lookup(NS, values, NOW)
     assert all(x.entries is not None and [e.tenant for e in x.entries] == [1, 2] for x in found)
     assert [x.entries[0].offset for x in found if x.entries] == offsets.tolist()
+    assert max(n for calls in sent for n in calls) == RECORDS_PER_CALL
+    assert max(len(calls) for calls in sent) <= PIPELINE_CALLS
     await r.close()
 
 

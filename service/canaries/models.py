@@ -5,7 +5,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import NEVER_REUSED, Base, BigIntId, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigInt, BigIntId, UTCDateTime
 
 
 class Canary(Base):
@@ -18,7 +18,7 @@ class Canary(Base):
     key_id: Mapped[str] = mapped_column(String(32))
     tenant: Mapped[str] = mapped_column(String(128))
     label: Mapped[str] = mapped_column(String(256))
-    token_count: Mapped[int] = mapped_column(Integer)
+    token_count: Mapped[int] = mapped_column(BigInt)  # u32 on the wire, wider than PostgreSQL's INTEGER
     fingerprint_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     created_by: Mapped[str] = mapped_column(String(24))
@@ -30,4 +30,4 @@ class CanaryFingerprint(Base):
 
     canary_id: Mapped[int] = mapped_column(ForeignKey("canaries.id", ondelete="CASCADE"), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # the u64 fingerprint as signed BIGINT
-    offset: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInt)

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Float, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import NEVER_REUSED, Base, BigIntId, JSONType, UTCDateTime
+from service.db import NEVER_REUSED, Base, BigInt, BigIntId, JSONType, UTCDateTime
 
 
 class Finding(Base):
@@ -37,10 +37,11 @@ class Finding(Base):
     model: Mapped[str] = mapped_column(String(256))
     deployment: Mapped[str | None] = mapped_column(String(256))
     node: Mapped[str | None] = mapped_column(String(256))
-    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
-    response_tokens: Mapped[int] = mapped_column(Integer)
+    # Token counts and offsets are u32 on the wire (a sender's to choose): wider than PostgreSQL's INTEGER.
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInt)
+    response_tokens: Mapped[int] = mapped_column(BigInt)
     matched_fingerprints: Mapped[int] = mapped_column(Integer)
-    longest_run_tokens: Mapped[int] = mapped_column(Integer)
+    longest_run_tokens: Mapped[int] = mapped_column(BigInt)
     score: Mapped[float] = mapped_column(Float)
     severity: Mapped[str] = mapped_column(String(16))
     evidence: Mapped[dict[str, Any]] = mapped_column(JSONType)

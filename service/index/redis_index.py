@@ -19,6 +19,7 @@ primary and exactly those calls are sent again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 from collections import OrderedDict
@@ -45,6 +46,12 @@ from service.index.window import Window
 # trips, yet no call holds the server long enough to delay the ingest queue's XADD (the
 # gateway's answer) behind index work (docs/performance.md).
 RECORDS_PER_CALL = 512
+# Calls sent in one pipeline. Redis reads a pipeline's calls together and runs them back to back,
+# serving no other client in between: 16 calls of 512 records hold it some 60 ms, where one pipeline
+# for a text of 250,000 fingerprints held it 2 s.
+PIPELINE_CALLS = 16
+# The event loop turns lookup rows into entries; it answers other requests every this many fingerprints.
+ROWS_PER_YIELD = 5_000
 # Tenant name -> ref entries kept per process by default (BLEEDWATCH_TENANT_CACHE_SIZE); about 150 bytes each.
 DEFAULT_TENANT_CACHE_SIZE = 100_000
 PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
@@ -469,8 +476,11 @@ class RedisIndex:
         positions = rows["pos"].tolist()
         tenants, refs, offsets = rows["tenant"].tolist(), rows["doc"].tolist(), rows["offset"].tolist()
         kinds = rows["kinds"].tolist()
-        i, n = 0, len(positions)
+        i, n, turn = 0, len(positions), ROWS_PER_YIELD
         while i < n:
+            if i >= turn:
+                turn = i + ROWS_PER_YIELD
+                await asyncio.sleep(0)
             pos, j = positions[i], i
             while j < n and positions[j] == pos:
                 j += 1
@@ -493,8 +503,8 @@ class RedisIndex:
         """The records, grouped by shard, in as few Lua calls as allowed, all in one pipeline.
 
         A Redis Cluster gets one call per shard (a script only touches one slot); a single Redis
-        gets consecutive shards together, up to ``RECORDS_PER_CALL`` records a call, so a call
-        never holds the server for long. Each of ``columns`` is one byte row per record, with the
+        gets consecutive shards together. Either way a call holds at most ``RECORDS_PER_CALL``
+        records, so it never holds the server for long. Each of ``columns`` is one byte row per record, with the
         mask of the bytes each row uses when rows vary in length; every call gets ``args``, its
         records per shard, one string per column (its records' rows, concatenated), ``tail``.
         """
@@ -502,7 +512,14 @@ class RedisIndex:
         order = np.argsort(shards, kind="stable")
         sorted_shards = shards[order]
         cuts = np.flatnonzero(np.diff(sorted_shards)) + 1
-        starts, stops = [0, *cuts.tolist()], [*cuts.tolist(), len(order)]
+        # Each shard's records, in pieces of at most RECORDS_PER_CALL: a sender chooses its values, and
+        # can put all 500,000 of a text in one shard, which one call would hold Redis for seconds
+        # with (BUSY for every other client). A piece sees what the pieces before it wrote.
+        starts, stops = [], []
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)], strict=True):
+            for first in range(lo, hi, RECORDS_PER_CALL):
+                starts.append(first)
+                stops.append(min(first + RECORDS_PER_CALL, hi))
         ends = []
         flats = []
         for matrix, mask in columns:
@@ -533,7 +550,14 @@ class RedisIndex:
         return await self._scripts(calls)
 
     async def _scripts(self, calls: Sequence[tuple[LuaScript, list[str], Sequence[Any]]]) -> list[Any]:
-        """EVALSHA every call in one pipeline; calls a node answered NOSCRIPT are loaded and sent again."""
+        """EVALSHA every call, ``PIPELINE_CALLS`` a pipeline, in order."""
+        results: list[Any] = []
+        for first in range(0, len(calls), PIPELINE_CALLS):
+            results += await self._pipeline(calls[first : first + PIPELINE_CALLS])
+        return results
+
+    async def _pipeline(self, calls: Sequence[tuple[LuaScript, list[str], Sequence[Any]]]) -> list[Any]:
+        """EVALSHA the calls in one pipeline; calls a node answered NOSCRIPT are loaded and sent again."""
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in range(3):
