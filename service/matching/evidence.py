@@ -25,9 +25,10 @@ join checks per piece, so a response costs O(m log m) for m matches whatever the
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby, pairwise
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -206,10 +207,8 @@ class Response:
 
     def blind_within(self, found: Spans) -> None:
         """Everything inside ``found`` is blind from now on (the recipient's own text)."""
-        starts, ends = found
-        if len(starts):
-            at = np.searchsorted(starts, self.offsets, "right") - 1
-            self.blind |= (at >= 0) & (self.offsets < ends[np.maximum(at, 0)])
+        if len(found[0]):
+            self.blind |= within(self.offsets, found)
             self._explained = None
 
 
@@ -239,17 +238,31 @@ def _covered_below(explained: tuple[list[int], list[int], list[int]], x: int) ->
     return before[i] + partial
 
 
-def spans(found: list[Piece]) -> Spans:
-    """The response stretches the pieces cover, merged, as sorted starts and ends."""
+def merged(intervals: Iterable[tuple[int, int]]) -> Spans:
+    """Half-open ``[start, end)`` intervals, merged where they touch or overlap, as sorted starts and ends."""
     starts: list[int] = []
     ends: list[int] = []
-    for p in sorted(found, key=lambda p: p.start):
-        if ends and p.start <= ends[-1]:
-            ends[-1] = max(ends[-1], p.end)
+    for start, end in sorted(intervals):
+        if ends and start <= ends[-1]:
+            ends[-1] = max(ends[-1], end)
         else:
-            starts.append(p.start)
-            ends.append(p.end)
+            starts.append(start)
+            ends.append(end)
     return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def within(offsets: npt.NDArray[Any], found: Spans) -> npt.NDArray[np.bool_]:
+    """Which ``offsets`` lie inside one of the merged ``found``: one binary search each."""
+    starts, ends = found
+    if not len(starts):
+        return np.zeros(len(offsets), dtype=bool)
+    at = np.searchsorted(starts, offsets, "right") - 1
+    return (at >= 0) & (offsets < ends[np.maximum(at, 0)])
+
+
+def spans(found: list[Piece]) -> Spans:
+    """The response stretches the pieces cover, merged, as sorted starts and ends."""
+    return merged((p.start, p.end) for p in found)
 
 
 def stretches(found: list[Piece]) -> Spans:
@@ -259,12 +272,9 @@ def stretches(found: list[Piece]) -> Spans:
 
 def outside(matches: list[Match], found: Spans) -> list[Match]:
     """The matches in none of the stretches."""
-    starts, ends = found
-    if not len(starts) or not matches:
+    if not len(found[0]) or not matches:
         return matches
-    offsets = np.fromiter((m.response_offset for m in matches), np.int64, len(matches))
-    at = np.searchsorted(starts, offsets, "right") - 1
-    inside = (at >= 0) & (offsets < ends[np.maximum(at, 0)])
+    inside = within(np.fromiter((m.response_offset for m in matches), np.int64, len(matches)), found)
     return [m for m, x in zip(matches, inside.tolist(), strict=True) if not x]
 
 

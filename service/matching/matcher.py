@@ -43,10 +43,12 @@ from service.matching.evidence import (
     is_finding,
     least_matches,
     longest,
+    merged,
     outside,
     pieces,
     severity,
     stretches,
+    within,
 )
 from service.matching.known import Known, KnownFingerprints
 
@@ -544,18 +546,7 @@ def _matched_values(meta: DocMeta, stretches: tuple[tuple[int, int], ...]) -> li
     else holds parts of it (marked a false positive, all of it is allowlisted)."""
     assert meta.values is not None
     assert meta.offsets is not None
-    starts: list[int] = []
-    lasts: list[int] = []
-    for first, last in sorted(stretches):  # merged, so each offset is one search (many stretches, many offsets)
-        if lasts and first <= lasts[-1]:
-            lasts[-1] = max(lasts[-1], last)
-        else:
-            starts.append(first)
-            lasts.append(last)
-    if not starts:
-        return []
-    at = np.searchsorted(np.array(starts, dtype=np.int64), meta.offsets, "right") - 1
-    inside = (at >= 0) & (meta.offsets <= np.array(lasts, dtype=np.int64)[np.maximum(at, 0)])
+    inside = within(meta.offsets, merged((first, last + 1) for first, last in stretches))
     return to_signed(np.unique(meta.values[inside]))
 
 
