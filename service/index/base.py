@@ -61,6 +61,10 @@ class Entry(NamedTuple):
 
 PROMPT_BIT = int(Kind.PROMPT)
 RESPONSE_BIT = int(Kind.RESPONSE)
+# Python loops over fingerprints on the event loop (the embedded index's inserts and lookups, Redis
+# lookup rows turned into entries) let it answer health checks and other requests every this many.
+# Another batch's work may run in between, as it may between Redis' calls.
+YIELD_EVERY = 5_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from service import metrics
 from service.index.base import (
     PROMPT_BIT,
     RESPONSE_BIT,
+    YIELD_EVERY,
     Doc,
     DocMeta,
     Entry,
@@ -28,10 +29,6 @@ from service.index.outbox import MemoryOutbox
 from service.index.queue import MemoryQueue
 from service.index.window import Window
 
-# Inserts and lookups are Python loops on the event loop: they let it answer (health checks, other
-# requests) every this many fingerprints, as Redis' chunked calls do. Another batch's work may run
-# in between, which the Redis index allows as well.
-YIELD_EVERY = 5_000
 # A generation's fingerprint table: value -> entries by tenant, or None once common.
 _Table = dict[int, dict[int, Entry] | None]
 _ABSENT: dict[int, Entry] = {}  # a sentinel: not in the table

@@ -36,7 +36,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from bleedwatch.fingerprint.scheme import Params
 from service import metrics
-from service.index.base import Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue, same_exchange
+from service.index.base import YIELD_EVERY, Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue, same_exchange
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, IDENTITY_BITS, MIN_FIELD_BYTES, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
 from service.index.queue import RedisQueue, ShardedQueue
@@ -50,8 +50,6 @@ RECORDS_PER_CALL = 512
 # serving no other client in between: 16 calls of 512 records hold it some 60 ms, where one pipeline
 # for a text of 250,000 fingerprints held it 2 s.
 PIPELINE_CALLS = 16
-# The event loop turns lookup rows into entries; it answers other requests every this many fingerprints.
-ROWS_PER_YIELD = 5_000
 # Tenant name -> ref entries kept per process by default (BLEEDWATCH_TENANT_CACHE_SIZE); about 150 bytes each.
 DEFAULT_TENANT_CACHE_SIZE = 100_000
 PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
@@ -476,10 +474,10 @@ class RedisIndex:
         positions = rows["pos"].tolist()
         tenants, refs, offsets = rows["tenant"].tolist(), rows["doc"].tolist(), rows["offset"].tolist()
         kinds = rows["kinds"].tolist()
-        i, n, turn = 0, len(positions), ROWS_PER_YIELD
+        i, n, turn = 0, len(positions), YIELD_EVERY
         while i < n:
             if i >= turn:
-                turn = i + ROWS_PER_YIELD
+                turn = i + YIELD_EVERY
                 await asyncio.sleep(0)
             pos, j = positions[i], i
             while j < n and positions[j] == pos:
