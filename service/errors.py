@@ -108,7 +108,8 @@ def problem(err: Mapping[str, Any], start: str = "") -> str:
     loc = tuple(p for p in err.get("loc", ()) if p != "body")
     if err.get("type") == "extra_forbidden":
         return f"{field_path(loc, start)}: not a field of the schema"
-    return f"{field_path(loc, start)}: {err.get('msg', 'invalid')}"
+    # A validator's own sentence, without pydantic's "Value error, " in front of it.
+    return f"{field_path(loc, start)}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}"
 
 
 def field_path(loc: Sequence[Any], start: str = "") -> str:

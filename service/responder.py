@@ -25,6 +25,7 @@ import httpx
 
 from service.findings.severity import Severity
 from service.incidents.schemas import Order, Sort, Status
+from service.spreadsheet import safe_cell
 
 PAGE = 500  # the API's largest page
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
@@ -114,7 +115,8 @@ def _emit(rows: list[dict[str, Any]], columns: list[str], args: argparse.Namespa
     elif args.csv:
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([_cell(row.get(c)) for c in columns] for row in rows)
+        cells = (("" if row.get(c) is None else safe_cell(_cell(row.get(c))) for c in columns) for row in rows)
+        writer.writerows(cells)
     else:
         _table(rows, columns, out)
 

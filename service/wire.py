@@ -14,22 +14,22 @@ them seconds (pydantic reads larger ones as milliseconds) and inside what dates 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
 from service.errors import Invalid, PayloadTooLarge
 
-EPOCH_SECONDS_LIMIT = 10**10  # |seconds| below this: years 1653 to 2286
+EPOCH_SECONDS_LIMIT = 10**10  # |seconds| below this: years 1653 to 2286, and 16 digits of microseconds (cursors)
 MOMENT_SCHEMA = {
     "anyOf": [
         {"type": "string", "format": "date-time"},
-        {"type": "number", "minimum": -EPOCH_SECONDS_LIMIT, "maximum": EPOCH_SECONDS_LIMIT},
+        {"type": "number", "exclusiveMinimum": -EPOCH_SECONDS_LIMIT, "exclusiveMaximum": EPOCH_SECONDS_LIMIT},
     ]
 }
 
@@ -43,12 +43,26 @@ def _seconds_in_range(value: object) -> object:
         seconds = float(value)
     except ValueError:
         return value  # a date-time string
-    if not -EPOCH_SECONDS_LIMIT <= seconds <= EPOCH_SECONDS_LIMIT:  # NaN fails too
+    if not -EPOCH_SECONDS_LIMIT < seconds < EPOCH_SECONDS_LIMIT:  # NaN fails too
         raise ValueError(f"give epoch seconds within ±{EPOCH_SECONDS_LIMIT}, or an ISO 8601 time with a timezone")
     return seconds
 
 
-Moment = Annotated[datetime, BeforeValidator(_seconds_in_range), WithJsonSchema(MOMENT_SCHEMA)]
+def _time_in_range(value: datetime) -> datetime:
+    """A date-time string as far out as numbers may go: year 1 at +01:00 is before any UTC time
+    Python can hold, and the database converts every time to UTC."""
+    try:
+        utc = value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not -EPOCH_SECONDS_LIMIT < utc.timestamp() < EPOCH_SECONDS_LIMIT:
+        raise ValueError("give a time between the years 1653 and 2286")
+    return value
+
+
+Moment = Annotated[
+    datetime, BeforeValidator(_seconds_in_range), AfterValidator(_time_in_range), WithJsonSchema(MOMENT_SCHEMA)
+]
 
 
 def _not_text(value: object) -> object:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import itertools
 import time
 from datetime import UTC, datetime
 
@@ -139,6 +140,20 @@ async def test_listing_filters_sorting_and_cursor(api: Api) -> None:
         "/v1/incidents", params={"sort": "opened_at", "cursor": page["next_cursor"]}, headers=api.headers(Role.READ)
     )
     assert other.status_code == 200
+    for order in ("asc", "desc"):  # a severity past a 32-bit column's range is still a position
+        params = {"sort": "severity", "order": order, "cursor": "-9999999999999999.1"}
+        far = await api.client.get("/v1/incidents", params=params, headers=api.headers(Role.READ))
+        assert far.status_code == 200
+        assert len(far.json()["items"]) == (3 if order == "asc" else 0)
+        params["cursor"] = "2147483648.1"
+        far = await api.client.get("/v1/incidents", params=params, headers=api.headers(Role.READ))
+        assert far.status_code == 200
+        assert len(far.json()["items"]) == (0 if order == "asc" else 3)
+    for name, moment in (("since", "0001-01-01T00:00:00+01:00"), ("until", "9999-12-31T23:59:59-01:00")):
+        for path in ("/v1/incidents", "/v1/findings"):  # before any UTC time Python holds: not a 500
+            far = await api.client.get(path, params={name: moment}, headers=api.headers(Role.READ))
+            assert far.status_code == 422, far.text
+            assert "between the years 1653 and 2286" in far.json()["detail"]
     garbage = await api.client.get("/v1/incidents", params={"cursor": "!!"}, headers=api.headers(Role.READ))
     assert garbage.status_code == 422
     naive = await api.client.get(
@@ -208,6 +223,16 @@ async def test_impact_report_json_and_csv(api: Api) -> None:
         assert {r["recipient_request_id"] for r in rows} == {
             r["recipient_request_id"] for p in report["pairs"] for r in p["responses"]
         }
+    for accept, kind in (
+        ("text/csv;q=0, application/json", "application/json"),  # refused outright
+        ("application/json, text/csv;q=0.5", "application/json"),
+        ("application/json;q=0.5, text/csv", "text/csv"),
+        ("*/*", "application/json"),
+    ):
+        resp = await api.client.get(
+            f"/v1/incidents/{incident['id']}/impact", headers=api.headers(Role.READ) | {"Accept": accept}
+        )
+        assert resp.headers["content-type"].startswith(kind), accept
     missing = await api.client.get("/v1/incidents/424242/impact", headers=api.headers(Role.READ))
     assert missing.status_code == 404
 
@@ -272,6 +297,40 @@ async def test_incident_false_positive_marks_every_finding_and_reverts_only_its_
     assert actions.count("finding_restored") == 1
 
 
+async def test_changes_at_once_take_turns(api: Api) -> None:
+    """Two responders at once, or a double click: one change of status wins and the others get 409
+    (none is checked against a status the other has just replaced), and a finding marked twice at
+    once has one allowlist entry, so undoing it leaves none."""
+    now = time.time()
+    await leak(api, "argparse", "acme", "globex", now)
+    (incident,) = await incidents(api)
+    path = f"/v1/incidents/{incident['id']}"
+    (finding,) = (await get(api, path))["findings"]
+
+    def active() -> list[str]:
+        return [e["origin"] for e in entries if not e["revoked_at"]]
+
+    await asyncio.gather(*(patch(api, f"{path}/findings/{finding['id']}", {"false_positive": True}) for _ in range(4)))
+    entries = (await get(api, "/v1/allowlist", role=Role.ADMIN))["items"]
+    assert active() == [f"false_positive:finding:{finding['id']}"]
+    await patch(api, f"{path}/findings/{finding['id']}", {"false_positive": False})
+    entries = (await get(api, "/v1/allowlist", role=Role.ADMIN))["items"]
+    assert active() == []
+
+    steps = ["acknowledged", "resolved", "false_positive"] * 3
+    answers = await asyncio.gather(
+        *(api.client.patch(path, json={"status": s}, headers=api.headers(Role.TRIAGE)) for s in steps)
+    )
+    codes = sorted(a.status_code for a in answers)
+    assert set(codes) <= {200, 409}, [a.text for a in answers]
+    timeline = (await get(api, path))["timeline"]
+    changes = [(e["detail"]["before"], e["detail"]["after"]) for e in timeline if e["action"] == "status"]
+    assert all(a == b for (_, a), (b, _) in itertools.pairwise(changes)), changes  # a chain
+    assert 1 <= len(changes) <= codes.count(200)  # setting the status it has is a 200 that changes nothing
+    entries = (await get(api, "/v1/allowlist", role=Role.ADMIN))["items"]
+    assert len(active()) == (1 if changes[-1][1] == "false_positive" else 0)
+
+
 async def test_reads_and_changes_are_audited(api: Api) -> None:
     now = time.time()
     await leak(api, "argparse", "acme", "globex", now)
@@ -297,7 +356,13 @@ async def test_reads_and_changes_are_audited(api: Api) -> None:
     assert listing["detail"]["ids"] == [findings[0]["id"]]
     assert "globex" not in str(entries)  # tenants only by hash
     by_tenant = (await get(api, "/v1/audit", role=Role.ADMIN, tenant="globex"))["items"]
-    assert [e["action"] for e in by_tenant] == ["findings.list"]
+    # What showed globex's data, and the listing filtered by it; not the change of status.
+    assert [e["action"] for e in by_tenant][::-1] == [
+        "incidents.read",
+        "incidents.impact",
+        "findings.list",
+        "findings.read",
+    ]
     mine = (await get(api, "/v1/audit", role=Role.ADMIN, key_id=triage))["items"]
     assert [e["action"] for e in mine] == ["incidents.update"]
     page = await get(api, "/v1/audit", role=Role.ADMIN, limit="2")

@@ -6,6 +6,7 @@ the API with the responder's key, so roles apply and reads are audited under tha
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -20,7 +21,7 @@ from service.app import create_app
 from service.cli import main
 from service.config import Settings
 from service.local_server import local_server
-from service.responder import moment
+from service.responder import _emit, moment
 from tests.test_cli import create, embedded_env  # noqa: F401 (a fixture)
 from tests.traffic import exchange, words
 
@@ -145,3 +146,15 @@ def test_version_completion_and_a_purge_that_asks_first(capsys: pytest.CaptureFi
     code, _, err = run(capsys, "tenants", "purge", "acme")  # stdin is not a terminal under pytest
     assert code == 2
     assert "--yes" in err
+
+
+def test_csv_cells_are_never_formulas() -> None:
+    """Tenant names come from gateways: ``--csv`` quotes what a spreadsheet would run, as the impact
+    report does, and leaves an unset value empty."""
+    out = io.StringIO()
+    rows = [{"id": 3, "source_tenants": ['=HYPERLINK("http://x")', "acme"], "assignee": None, "notes": "-1+2"}]
+    _emit(rows, ["id", "source_tenants", "assignee", "notes"], argparse.Namespace(json=False, csv=True), out)
+    assert list(csv.reader(io.StringIO(out.getvalue()))) == [
+        ["id", "source_tenants", "assignee", "notes"],
+        ["3", '\'=HYPERLINK("http://x"),acme', "", "'-1+2"],
+    ]

@@ -97,6 +97,15 @@ async def test_pages_follow_the_engines_clock(api: Api) -> None:
         if (cursor := page["next_cursor"]) is None:
             break
     assert pages == [["r5", "r4"], ["r3", "r1"], ["r1"]]
+    # The earliest time taken still makes a cursor the listing takes back.
+    await post(api, [event(request_id=f"old{i}") | {"ts": -(10**10) + 1} for i in range(2)])
+    seen, cursor = [], None
+    while True:
+        page = await listing(api, limit="1", until="1700-01-01T00:00:00Z", **({"cursor": cursor} if cursor else {}))
+        seen += [s["request_id"] for s in page["items"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert sorted(seen) == ["old0", "old1"]
     bad = await api.client.get("/v1/signals", params={"cursor": "bm9wZQ"}, headers=api.headers(Role.READ))
     assert (bad.status_code, bad.json()["error"]) == (422, "invalid")
 
@@ -110,6 +119,8 @@ async def test_bad_events_are_refused_with_the_field(api: Api) -> None:
         ([event(extra="x")], "events[0].extra"),
         ([event(), event() | {"ts": "2026-08-27T12:00:00"}], "events[1].ts: give a timezone"),
         ([event() | {"ts": future.isoformat()}], "events[0].ts: more than"),
+        ([event() | {"ts": "0001-01-01T00:00:00+05:00"}], "events[0].ts: give a time between the years"),
+        ([event() | {"ts": "1000-01-01T00:00:00Z"}], "events[0].ts: give a time between the years"),
         ([], "events"),
     ]
     for events, message in cases:

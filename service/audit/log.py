@@ -19,6 +19,7 @@ import hmac
 import logging
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,11 @@ def filters(**values: object) -> dict[str, Any]:
         else:
             out[name] = value if isinstance(value, int | float | bool) else str(value)
     return out
+
+
+def about(tenants: Iterable[str]) -> dict[str, Any]:
+    """The tenants whose data a read showed, as digests: what ``GET /v1/audit?tenant=X`` finds."""
+    return {"tenants": sorted({tenant_hash(t) for t in tenants})}
 
 
 async def record(

@@ -66,7 +66,17 @@ async def list_audit(
         caller,
         "audit.list",
         "audit",
-        {"filters": log.filters(key_id=key_id, action=action, target=target, tenant=tenant, since=since)},
+        {
+            "filters": log.filters(
+                key_id=key_id,
+                action=action,
+                target=target,
+                tenant=tenant,
+                request_id=request_id,
+                since=since,
+                until=until,
+            )
+        },
     )
     next_cursor = cursors.encode_id(rows[limit - 1].id) if len(rows) > limit else None
     return AuditPage(items=[AuditOut.model_validate(r) for r in rows[:limit]], next_cursor=next_cursor)

@@ -72,6 +72,8 @@ async def list_deployments(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> DeploymentPage:
     """By id. Pass ``next_cursor`` back as ``cursor`` for the next page."""
+    if rule is not None and rule not in deps.risk.rules.names:  # a typo would list nothing at risk
+        raise Invalid(f"rule: no such rule; the rules are {', '.join(sorted(deps.risk.rules.names))}")
     rows = await store.after(session, cursor)
     items: list[DeploymentOut] = []
     next_cursor = None

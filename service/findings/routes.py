@@ -54,5 +54,6 @@ async def get_finding(
     row = await store.get(session, finding_id)
     if row is None:
         raise NotFound(f"no finding {finding_id}")
-    await audit.record(session, caller, "findings.read", f"finding:{finding_id}")
+    tenants = audit.about([row.recipient_tenant, row.source_tenant])
+    await audit.record(session, caller, "findings.read", f"finding:{finding_id}", tenants)
     return FindingOut.model_validate(row)

@@ -23,6 +23,7 @@ from service.incidents.models import Incident
 from service.incidents.schemas import Bucket, ImpactReport, Pair, PromptLengths, ResponseRef, SignalsSide
 from service.signals.models import EngineSignal
 from service.signals.schemas import SignalOut
+from service.spreadsheet import safe_cell
 
 SIGNAL_MARGIN_SECONDS = 300
 MAX_SIGNALS = 500
@@ -170,15 +171,8 @@ async def report(session: AsyncSession, incident: Incident) -> ImpactReport:
     )
 
 
-# What a spreadsheet may read as the start of a formula: OWASP's list, a leading space (trimmed,
-# then read), ";" (a separator in some locales' formula syntax), and the full-width forms.
-FORMULA_START = frozenset("=+-@\t\r\n ;\uff1d\uff0b\uff0d\uff20")
-
-
 def _cell(value: object) -> str:
-    """A CSV cell a spreadsheet will not run: tenant names come from gateways (formula injection)."""
-    text = "" if value is None else value.isoformat() if isinstance(value, datetime) else str(value)
-    return "'" + text if text[:1] in FORMULA_START else text
+    return safe_cell("" if value is None else value.isoformat() if isinstance(value, datetime) else str(value))
 
 
 def to_csv(report: ImpactReport) -> str:

@@ -46,6 +46,24 @@ def _aware(**values: datetime | None) -> None:
             raise Invalid(f"{name}: give a timezone, e.g. 2026-12-02T10:00:00Z")
 
 
+def _prefers_csv(accept: str) -> bool:
+    """text/csv when the client's q-values rank it at least as high as JSON; JSON otherwise."""
+    weights: dict[str, float] = {}
+    for part in accept.lower().split(","):
+        kind, *params = (p.strip() for p in part.split(";"))
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        weights[kind] = max(weights.get(kind, 0.0), weight)
+    csv = weights.get("text/csv", 0.0)
+    return csv > 0 and csv >= weights.get("application/json", 0.0)
+
+
 async def _incident(session: Any, incident_id: int) -> Incident:
     incident = await store.get(session, incident_id)
     if incident is None:
@@ -81,7 +99,13 @@ async def list_incidents(
         "incidents",
         {
             "filters": filters(
-                status=status, severity=severity, model=model, deployment=deployment, tenant=tenant, since=since
+                status=status,
+                severity=severity,
+                model=model,
+                deployment=deployment,
+                tenant=tenant,
+                since=since,
+                until=until,
             ),
             "ids": [r.id for r in rows],
         },
@@ -92,9 +116,10 @@ async def list_incidents(
 @router.get("/{incident_id}", response_model=IncidentDetail, responses=responses(NotFound), summary="One incident")
 async def get_incident(session: SessionDep, caller: Reader, incident_id: IncidentId) -> IncidentDetail:
     """With a summary of each finding and the whole timeline (who changed what, when)."""
-    incident = await _incident(session, incident_id)
-    await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
-    return await store.detail(session, incident)
+    detail = await store.detail(session, await _incident(session, incident_id))
+    tenants = audit.about(detail.source_tenants + detail.recipient_tenants)
+    await audit.record(session, caller, "incidents.read", f"incident:{incident_id}", tenants)
+    return detail
 
 
 @router.get(
@@ -112,7 +137,7 @@ async def get_impact(
 ) -> Any:
     """Source and recipient tenants, per pair the responses and their times; models, deployments, nodes;
     prompt lengths; and the deployment's engine integrity signals over the same time range."""
-    as_csv = format == "csv" or (format is None and "text/csv" in request.headers.get("accept", ""))
+    as_csv = format == "csv" or (format is None and _prefers_csv(request.headers.get("accept", "")))
     incident = await _incident(session, incident_id)
     report = await impact.report(session, incident)
     await audit.record(
@@ -120,7 +145,8 @@ async def get_impact(
         caller,
         "incidents.impact",
         f"incident:{incident_id}",
-        {"format": "csv" if as_csv else "json", "responses": report.response_count},
+        {"format": "csv" if as_csv else "json", "responses": report.response_count}
+        | audit.about(report.source_tenants + report.recipient_tenants),
     )
     if as_csv:
         return Response(

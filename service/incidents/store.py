@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, exists, or_, select
+from sqlalchemy import CursorResult, and_, exists, or_, select
+from sqlalchemy import update as sql_update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bleedwatch.fingerprint.encoding import from_signed
@@ -91,7 +92,8 @@ async def page(
     q = _filtered(f)
     if cursor is not None:
         raw, last_id = cursors.decode_key_id(cursor)
-        key = raw if sort == "severity" else cursors.to_time(raw)
+        # Ranks are 1 to 3 in a 32-bit column: any key past them is a position past every rank.
+        key = max(-1, min(raw, 4)) if sort == "severity" else cursors.to_time(raw)
         if order == "desc":
             q = q.where(or_(column < key, and_(column == key, Incident.id < last_id)))
         else:
@@ -193,9 +195,27 @@ async def detail(session: AsyncSession, incident: Incident) -> IncidentDetail:
 # --- lifecycle and false positives ------------------------------------------------------------
 
 
+async def _claimed(session: AsyncSession, link: IncidentFinding, false_positive: bool) -> bool:
+    """Set the link's mark unless another request did first. The conditional UPDATE waits for the
+    row (PostgreSQL) or the database (SQLite) and reads it as committed, so a double click makes one
+    allowlist entry, not two of which undoing revokes only the last."""
+    result = await session.execute(
+        sql_update(IncidentFinding)
+        .where(IncidentFinding.finding_id == link.finding_id, IncidentFinding.false_positive != false_positive)
+        .values(false_positive=false_positive)
+        .execution_options(synchronize_session=False)
+    )
+    if cast(CursorResult[Any], result).rowcount == 1:
+        return True
+    await session.refresh(link)
+    return False
+
+
 async def _mark(
     session: AsyncSession, incident: Incident, finding: Finding, link: IncidentFinding, by: str, via: str
-) -> str:
+) -> str | None:
+    if not await _claimed(session, link, True):
+        return None
     values = from_signed(finding.matched_values or [])
     entry = await allowlist.add(
         session,
@@ -219,7 +239,11 @@ async def _mark(
     return finding.key_id
 
 
-async def _unmark(session: AsyncSession, incident: Incident, finding: Finding, link: IncidentFinding, by: str) -> str:
+async def _unmark(
+    session: AsyncSession, incident: Incident, finding: Finding, link: IncidentFinding, by: str
+) -> str | None:
+    if not await _claimed(session, link, False):
+        return None
     if link.allowlist_entry_id is not None:
         await allowlist.revoke(session, link.allowlist_entry_id, by)
     grouping.event(
@@ -236,11 +260,12 @@ async def set_finding_false_positive(
     for finding, link in await findings_of(session, incident.id):
         if finding.id != finding_id:
             continue
-        changed: set[str] = set()
+        key_id = None
         if false_positive and not link.false_positive:
-            changed.add(await _mark(session, incident, finding, link, by, "finding"))
+            key_id = await _mark(session, incident, finding, link, by, "finding")
         elif not false_positive and link.false_positive:
-            changed.add(await _unmark(session, incident, finding, link, by))
+            key_id = await _unmark(session, incident, finding, link, by)
+        changed = set() if key_id is None else {key_id}
         if changed:
             incident.updated_at = utcnow()
         await session.flush()
@@ -261,15 +286,24 @@ async def update(
         if after not in TRANSITIONS[before]:
             allowed = ", ".join(sorted(TRANSITIONS[before]))
             raise Conflict(f"status: an incident that is {before} can become {allowed}, not {after}")
-        found = await findings_of(session, incident.id)
-        if after == Status.FALSE_POSITIVE:
-            for finding, link in found:
-                if not link.false_positive:
-                    changed.add(await _mark(session, incident, finding, link, by, "incident"))
-        if before == Status.FALSE_POSITIVE:
-            for finding, link in found:
-                if link.false_positive and link.false_positive_via == "incident":
-                    changed.add(await _unmark(session, incident, finding, link, by))
+        # Two responders at once: the first to change the row wins, the other is told (before, no
+        # step would be checked against what the other had just made of it).
+        claimed = await session.execute(
+            sql_update(Incident)
+            .where(Incident.id == incident.id, Incident.status == before.value)
+            .values(status=after.value)
+            .execution_options(synchronize_session=False)
+        )
+        if cast(CursorResult[Any], claimed).rowcount != 1:
+            raise Conflict(f"status: the incident changed meanwhile and is no longer {before}; read it again")
+        for finding, link in await findings_of(session, incident.id):
+            key_id = None
+            if after == Status.FALSE_POSITIVE and not link.false_positive:
+                key_id = await _mark(session, incident, finding, link, by, "incident")
+            elif before == Status.FALSE_POSITIVE and link.false_positive and link.false_positive_via == "incident":
+                key_id = await _unmark(session, incident, finding, link, by)
+            if key_id is not None:
+                changed.add(key_id)
         incident.status = after.value
         incident.closed_at = now if after in CLOSED else None
         grouping.event(session, incident.id, by, "status", before=before.value, after=after.value)

@@ -327,12 +327,14 @@ async def incident_page(request: Request, deps: Deps, session: SessionDep, incid
     incident = await store.get(session, incident_id)
     if incident is None:
         return _error(request, 404, f"no incident {incident_id}", who)
-    await audit.record(session, caller, "incidents.read", f"incident:{incident_id}")
     detail = await store.detail(session, incident)
+    tenants = audit.about(detail.source_tenants + detail.recipient_tenants)
+    await audit.record(session, caller, "incidents.read", f"incident:{incident_id}", tenants)
     found = await store.findings_of(session, incident_id)
     drawn = []
     for finding, link in found[:MAX_DRAWN]:
-        await audit.record(session, caller, "findings.read", f"finding:{finding.id}")
+        about = audit.about([finding.recipient_tenant, finding.source_tenant])
+        await audit.record(session, caller, "findings.read", f"finding:{finding.id}", about)
         drawn.append((store.summary(finding, link), finding, evidence.drawing(finding)))
     report = await impact.report(session, incident)
     await audit.record(
@@ -340,7 +342,7 @@ async def incident_page(request: Request, deps: Deps, session: SessionDep, incid
         caller,
         "incidents.impact",
         f"incident:{incident_id}",
-        {"format": "html", "responses": report.response_count},
+        {"format": "html", "responses": report.response_count} | tenants,
     )
     current = Status(detail.status)
     done = request.query_params.get("done")
@@ -381,7 +383,8 @@ async def impact_csv(request: Request, deps: Deps, session: SessionDep, incident
         who[0],
         "incidents.impact",
         f"incident:{incident_id}",
-        {"format": "csv", "responses": report.response_count},
+        {"format": "csv", "responses": report.response_count}
+        | audit.about(report.source_tenants + report.recipient_tenants),
     )
     return Response(
         impact.to_csv(report),
