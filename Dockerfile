@@ -65,14 +65,13 @@ ARG BLEEDWATCH_UID=10001
 ARG BLEEDWATCH_GID=10001
 
 # /var/lib/bleedwatch: the embedded default's SQLite file (unused once BLEEDWATCH_DATABASE_URL is set).
-# /tmp/bleedwatch-metrics: PROMETHEUS_MULTIPROC_DIR, one file per worker; must exist and be writable
-# before the first metric is touched. Mount a tmpfs over it (docker-compose.yml does) so a restarted
-# container starts with it empty.
+# No PROMETHEUS_MULTIPROC_DIR here: it would put every process of the image (worker, migration,
+# kubectl exec) in prometheus-client's multiprocess mode. `bleedwatch serve` with several workers
+# uses the directory it names (compose and the Kubernetes API pods mount one), or makes one in /tmp.
 RUN groupadd --system --gid "${BLEEDWATCH_GID}" bleedwatch \
  && useradd --system --uid "${BLEEDWATCH_UID}" --gid bleedwatch --no-create-home \
         --home-dir /var/lib/bleedwatch --shell /usr/sbin/nologin bleedwatch \
- && install -d -o bleedwatch -g bleedwatch -m 0750 /var/lib/bleedwatch \
- && install -d -o bleedwatch -g bleedwatch -m 0750 /tmp/bleedwatch-metrics
+ && install -d -o bleedwatch -g bleedwatch -m 0750 /var/lib/bleedwatch
 
 COPY --from=builder /opt/bleedwatch /opt/bleedwatch
 
@@ -81,8 +80,7 @@ ENV PATH=/opt/bleedwatch/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     BLEEDWATCH_HOST=0.0.0.0 \
     BLEEDWATCH_PORT=8400 \
-    BLEEDWATCH_DATA_DIR=/var/lib/bleedwatch \
-    PROMETHEUS_MULTIPROC_DIR=/tmp/bleedwatch-metrics
+    BLEEDWATCH_DATA_DIR=/var/lib/bleedwatch
 
 WORKDIR /var/lib/bleedwatch
 USER ${BLEEDWATCH_UID}:${BLEEDWATCH_GID}

@@ -195,7 +195,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
     async def prometheus_metrics(deps: Deps) -> Response:
-        await metrics.INDEX_STATS.refresh(deps.index)
+        await metrics.INDEX_STATS.refresh(deps.index, deps.index.queue())
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     tracing.configure(settings.tracing, app)  # before the first call builds the middleware stack

@@ -24,12 +24,13 @@ from service.tools.sim.cli import key_file
 if TYPE_CHECKING:
     import httpx
 
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.config import Settings
-    from service.logging import log_config
 
     settings = Settings()
     if settings.embedded and settings.workers > 1:
@@ -37,8 +38,12 @@ def _serve(args: argparse.Namespace) -> int:
             "the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers", file=sys.stderr
         )
         return 2
-    if settings.workers > 1 or "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+    if settings.workers > 1:
         _share_metrics_between_workers()
+    else:
+        os.environ.pop(METRICS_DIR, None)  # one process: its own registry, as for any other command
+    from service.logging import log_config  # imports the metrics: after the choice above
+
     uvicorn.run(
         "service.app:create_app",
         factory=True,
@@ -69,7 +74,6 @@ def _work(args: argparse.Namespace) -> int:
     except WorkerUnfit as exc:
         print(exc, file=sys.stderr)
         return 2
-    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)  # one process: its own registry
     uvicorn.run(
         "service.work:create_worker_app",
         factory=True,
@@ -86,8 +90,9 @@ def _work(args: argparse.Namespace) -> int:
 
 
 def _share_metrics_between_workers() -> None:
-    """prometheus-client's multiprocess mode: one directory of metric files for all workers."""
-    directory = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="bleedwatch-metrics-")))
+    """prometheus-client's multiprocess mode: one directory of metric files for all workers, emptied
+    before this process first imports prometheus-client (it chooses the mode then)."""
+    directory = Path(os.environ.setdefault(METRICS_DIR, tempfile.mkdtemp(prefix="bleedwatch-metrics-")))
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):  # left by an earlier run: would be summed in
         stale.unlink()
@@ -432,6 +437,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from service.allowlist.upload import Refused
 
     args = parser().parse_args(argv)
+    if args.command != "serve":
+        # Only `serve` with several workers shares metric files. Any other command run where the
+        # variable is set (kubectl exec into an API pod) would write into the server's directory,
+        # its gauges summed in, or fail to start where that directory is not mounted (a worker pod).
+        os.environ.pop(METRICS_DIR, None)
     try:
         code: int = args.func(args)
     except ValidationError as exc:

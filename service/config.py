@@ -63,9 +63,10 @@ class Settings(BaseSettings):
     new_tenants_per_key_per_minute: int = Field(1_000, ge=0)
     # Ingest queue (service/ingest/worker.py): batches accepted but not yet processed.
     ingest_queue_max_batches: int = Field(1_000, ge=1)
-    # ... and bytes of them: a few 32 MB batches fill Redis as surely as many small ones (2 GiB: above
-    # 1,000 of the SDK's 200-exchange batches, docs/capacity.md). 0 = batches only.
-    ingest_queue_max_bytes: int = Field(2 * 1024**3, ge=0)
+    # ... and bytes of them: a few 32 MB batches fill Redis as surely as many small ones. 512 MiB, a
+    # quarter of the shipped Redis' 2 GB: the queue refuses before Redis does (docs/capacity.md).
+    # 0 = batches only.
+    ingest_queue_max_bytes: int = Field(512 * 1024**2, ge=0)
     # Streams the queue is spread over (service/index/queue.py ShardedQueue); 1 = one stream, as on one node.
     ingest_queue_shards: int = Field(1, ge=1, le=256)
     # Batches processed at once, per process; 0 = none: an API replica whose batches `bleedwatch work` processes.

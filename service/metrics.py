@@ -247,7 +247,7 @@ INDEX_MEMORY_FULLEST = Gauge(
 REDIS_PERSISTENCE_OK = Gauge(
     "bleedwatch_redis_persistence_ok",
     "Whether the Redis in use persists accepted batches (AOF, noeviction).",
-    multiprocess_mode="min",
+    multiprocess_mode="livemin",  # a process gone (or a CLI command's, before it kept its own) is no vote
 )
 # BLEEDWATCH_RETENTION_SECONDS: fingerprints stay matchable at least this long.
 RETENTION = Gauge("bleedwatch_retention_seconds", "Retention window of the index.", multiprocess_mode="max")
@@ -424,6 +424,12 @@ class ReportsStats(Protocol):
     async def stats(self) -> IndexStats: ...
 
 
+class ReportsSize(Protocol):
+    async def size(self) -> int: ...
+
+    async def byte_size(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Durability:
     """Whether Redis keeps what bleedwatch answered 202 for: the queue, idempotency marks, outbox."""
@@ -452,13 +458,19 @@ class IndexStatsCache:
         self.timeout_seconds = timeout_seconds
         self._at = -float("inf")
 
-    async def refresh(self, index: object) -> None:
+    async def refresh(self, index: object, queue: ReportsSize | None = None) -> None:
+        """Every process that serves /metrics calls this, API and worker alike: each is scraped, and
+        an alert takes the min or max over them (a worker's 0 would say Redis does not persist).
+        The queue's depth too, so that a queue no worker drains shows on the API replicas."""
         now = time.monotonic()
         if now - self._at < self.max_age_seconds or not isinstance(index, ReportsStats):
             return
         self._at = now
         try:
             stats = await asyncio.wait_for(index.stats(), self.timeout_seconds)
+            if queue is not None:
+                INGEST_QUEUE.set(await asyncio.wait_for(queue.size(), self.timeout_seconds))
+                INGEST_QUEUE_BYTES.set(await asyncio.wait_for(queue.byte_size(), self.timeout_seconds))
         except (redis.exceptions.RedisError, OSError, TimeoutError):
             BACKEND_ERRORS.labels("redis").inc()
             return

@@ -54,6 +54,12 @@ def ingested(metrics_text: str) -> float:
     return sum(s.value for s in families["bleedwatch_exchanges_ingested"].samples if s.name.endswith("_total"))
 
 
+def gauge(metrics_text: str, name: str) -> float:
+    (family,) = [f for f in text_string_to_metric_families(metrics_text) if f.name == name]
+    (sample,) = family.samples
+    return sample.value
+
+
 async def test_an_api_without_workers_queues_and_a_worker_process_finds_the_leak(pg_url: str, tmp_path: Path) -> None:
     truncate(pg_url)
     prefix = f"bwwork{uuid.uuid4().hex[:8]}"
@@ -65,7 +71,9 @@ async def test_an_api_without_workers_queues_and_a_worker_process_finds_the_leak
         "BLEEDWATCH_RATE_LIMIT_PER_SECOND": "0",
         "BLEEDWATCH_LOG_LEVEL": "warning",
     }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    # As in a container whose image sets the variable and that mounts no such directory (a worker
+    # pod): one process per command, each with its own registry, whatever the variable says.
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "not-mounted")
     headers = {"Authorization": f"Bearer {tokens[Role.INGEST]}"}
     read = {"Authorization": f"Bearer {tokens[Role.READ]}"}
     api_port, work_port = free_port(), free_port()
@@ -80,6 +88,8 @@ async def test_an_api_without_workers_queues_and_a_worker_process_finds_the_leak
                 assert resp.json()["processed"] is False
             # Nobody processes yet: the API has no workers, and no worker process runs.
             assert (await client.get("/v1/queue", headers=read)).json()["queued"] == 3
+            waiting = (await client.get("/metrics")).text  # what BleedwatchIngestNotProcessed reads
+            assert gauge(waiting, "bleedwatch_ingest_queue_batches") == 3
 
             procs.append(work(env, work_port, tmp_path))
             deadline = time.monotonic() + 30
@@ -92,6 +102,10 @@ async def test_an_api_without_workers_queues_and_a_worker_process_finds_the_leak
             worker_metrics = (await client.get(f"http://127.0.0.1:{work_port}/metrics")).text
         assert ingested(worker_metrics) == 4
         assert ingested(api_metrics) == 0
+        # The worker is scraped too, and asks Redis itself: a 0 there would page for a Redis that persists.
+        persists = "bleedwatch_redis_persistence_ok"
+        assert gauge(worker_metrics, persists) == gauge(api_metrics, persists)
+        assert gauge(worker_metrics, "bleedwatch_index_items") > 0
     finally:
         for proc in procs:
             proc.terminate()

@@ -97,10 +97,12 @@ class IngestWorker:
             try:
                 taken = await self._take(lane)
             except OUTAGE as exc:
+                metrics.BACKEND_ERRORS.labels("redis").inc()
                 log.warning("ingest_queue_unreachable", extra={"exc_type": type(exc).__name__})
                 await asyncio.sleep(TAKE_BLOCK_SECONDS)
                 continue
             except Exception as exc:  # redis-py lets some connection resets out as AttributeError (#4287)
+                metrics.BACKEND_ERRORS.labels("redis").inc()  # an OOM refusal of the group's bookkeeping, too
                 log.exception("ingest_take_failed", extra={"exc_type": type(exc).__name__})
                 await asyncio.sleep(TAKE_BLOCK_SECONDS)
                 continue
