@@ -18,6 +18,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
+from bleedwatch.limits import LABEL_PATTERN, NAME_PATTERN
+
 
 class ErrorBody(BaseModel):
     error: str
@@ -106,6 +108,12 @@ def problem(err: Mapping[str, Any], start: str = "") -> str:
     """``where: rule`` for one pydantic error, naming fields, never values; a name the caller chose
     is repeated only if it has a field name's shape (``meta.comment``), else it is ``[…]``."""
     loc = tuple(p for p in err.get("loc", ()) if p != "body")
+    if err.get("type") == "json_invalid":  # where in the text it broke is no field: "[0]" would say one
+        return "body: not JSON; send the request body as UTF-8 JSON"
+    pattern = str((err.get("ctx") or {}).get("pattern", ""))
+    if err.get("type") == "string_pattern_mismatch" and pattern in (NAME_PATTERN, LABEL_PATTERN):
+        # Not the pattern itself: four hundred characters of Unicode ranges say nothing to an operator.
+        return f"{field_path(loc, start)}: no control, format (zero-width, bidi) or line-separator characters"
     if err.get("type") == "extra_forbidden":
         return f"{field_path(loc, start)}: not a field of the schema"
     # A validator's own sentence, without pydantic's "Value error, " in front of it.

@@ -73,6 +73,10 @@ async def test_lifecycle_timeline_and_invalid_steps(api: Api) -> None:
     await patch(api, path, {}, status=422)
     await patch(api, path, {"status": None}, status=422)
     await patch(api, path, {"status": "closed"}, status=422)
+    broken = await api.client.patch(
+        path, content=b'{"status": ', headers=api.headers(Role.TRIAGE) | {"Content-Type": "application/json"}
+    )
+    assert (broken.status_code, broken.json()["detail"]) == (422, "body: not JSON; send the request body as UTF-8 JSON")
     await patch(api, path, {"notes": "x" * 10_001}, status=422)
     await patch(api, path, {"status": "open"}, role=Role.READ, status=403)
     await patch(api, "/v1/incidents/999999", {"status": "open"}, status=404)
