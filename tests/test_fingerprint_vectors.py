@@ -175,6 +175,15 @@ def test_tokens_agree_on_every_code_point() -> None:
     assert utf8_tokens(glued) == [t.encode() for t in ref.tokenize(glued)]
 
 
+def test_a_lone_surrogate_separates_words_and_does_not_stop_fingerprinting() -> None:
+    """JSON lets a caller put one in a prompt; if it raised, that exchange would go unchecked."""
+    key = bytes(range(32))
+    text = "the patient record of john doe \ud83d ssn 123 45 6789 follows here"
+    assert utf8_tokens(text) == [t.encode() for t in ref.tokenize(text)]
+    plain = fingerprint_text(text.replace("\ud83d", " "), key, Params())
+    assert fingerprint_text(text, key, Params()).values.tolist() == plain.values.tolist()
+
+
 # Characters where implementations tend to go wrong, mixed into otherwise random text.
 TRICKY = [
     *"aZ9 \t\n.,'_-",
@@ -184,6 +193,7 @@ TRICKY = [
     *"\u4e00\u3042\u30ab\u0e01\u1000\u1780\uf900\u3400\u2044",  # solo ranges
     *"\U00020000\U0002000b\U0002a6d6\U0003134a\U00031350\U0001d401\U00010400\U0001f600\U000e0041",  # astral
     "\uab70",  # Cherokee small letter: folds to the capital
+    *"\ud83d\udc00",  # lone surrogates (JSON lets a caller send them): not word characters, not an error
 ]
 TEXT = st.one_of(
     st.text(max_size=80),

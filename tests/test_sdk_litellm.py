@@ -8,6 +8,7 @@ start_time, end_time)`` with ``kwargs`` carrying ``standard_logging_object``, sh
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -45,10 +46,15 @@ def response_obj(request_id: str, content: str, prompt_tokens: int) -> Any:
     )
 
 
+def call_id(team: str | None, prompt: str) -> str:
+    """LiteLLM's id of one call (``standard_logging_object["id"]``), here one per team and prompt."""
+    return f"call-{team}-{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
+
+
 def callback_kwargs(team: str | None, prompt: str, **slo: Any) -> dict[str, Any]:
     messages = [{"role": "system", "content": "x"}, {"role": "user", "content": prompt}]
     standard = {
-        "id": "slo-id",
+        "id": call_id(team, prompt),
         "call_type": "acompletion",
         "model": "open-weights-1m",
         "model_group": "open-weights-1m",
@@ -105,8 +111,8 @@ async def test_a_leak_between_two_litellm_teams_is_found(settings: Settings) -> 
         items = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
         await logger.aclose()
     (f,) = items
-    assert (f["recipient_tenant"], f["recipient_request_id"]) == ("team-b", "chatcmpl-b")
-    assert (f["source_tenant"], f["source_request_ids"]) == ("team-a", ["chatcmpl-a"])
+    assert (f["recipient_tenant"], f["recipient_request_id"]) == ("team-b", call_id("team-b", words("sqlite3")))
+    assert (f["source_tenant"], f["source_request_ids"]) == ("team-a", [call_id("team-a", source)])
     assert (f["model"], f["deployment"], f["node"]) == (
         "open-weights-1m",
         "pd-eu-1",
@@ -138,15 +144,16 @@ async def test_a_spoofed_end_user_naming_the_victim_cannot_hide_a_leak(settings:
         items = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
         await logger.aclose()
     (f,) = items
-    assert (f["recipient_tenant"], f["recipient_request_id"]) == ("key-b", "chatcmpl-b")
-    assert (f["source_tenant"], f["source_request_ids"]) == ("team-a", ["chatcmpl-a"])
+    assert (f["recipient_tenant"], f["recipient_request_id"]) == ("key-b", call_id(None, words("sqlite3")))
+    assert (f["source_tenant"], f["source_request_ids"]) == ("team-a", [call_id("team-a", source)])
 
 
 def test_what_the_callback_takes_from_litellms_arguments() -> None:
     kwargs = callback_kwargs(None, "a prompt")
     got = exchange_from_callback(kwargs, response_obj("r-1", "an answer", 12), START)
     assert got is not None
-    assert (got.tenant, got.request_id, got.model, got.ts) == ("user-1", "r-1", "open-weights-1m", START.timestamp())
+    assert (got.tenant, got.model, got.ts) == ("user-1", "open-weights-1m", START.timestamp())
+    assert got.request_id == call_id(None, "a prompt")  # LiteLLM's, not the provider's "r-1"
     assert got.prompt == "x\n\na prompt"
     assert got.meta == {"deployment": "pd-eu-1", "node": "http://decode-7.internal:30000/v1", "prompt_tokens": 12}
     team = exchange_from_callback(callback_kwargs("team-a", "p"), response_obj("r", "a", 1), START)
@@ -235,7 +242,7 @@ def test_every_call_types_answer_and_prompt_are_read() -> None:
     text = SimpleNamespace(id="cmpl-1", choices=[SimpleNamespace(index=0, text="a text answer")], usage=None)
     got = exchange_from_callback(slo_only("text_completion"), text, START)
     assert got is not None
-    assert (got.prompt, got.response, got.request_id) == ("the prompt", "a text answer", "cmpl-1")
+    assert (got.prompt, got.response, got.request_id) == ("the prompt", "a text answer", call_id("t", "unused"))
 
     responses = {
         "id": "resp_1",
@@ -265,7 +272,26 @@ def test_every_call_types_answer_and_prompt_are_read() -> None:
         START,
     )
     assert too_long is not None
-    assert too_long.request_id == "slo-id"  # the provider's id passes the service's limit: the next one
+    assert too_long.request_id == "call-1"
+
+
+async def test_calls_a_provider_gives_one_id_are_each_sent() -> None:
+    """Ollama numbers its answers chatcmpl-0 to 998: two calls with one provider id are two exchanges."""
+    sent: list[str] = []
+
+    def take(request: httpx.Request) -> httpx.Response:
+        sent.extend(ex["request_id"] for ex in orjson.loads(request.content)["exchanges"])
+        return httpx.Response(202, json={"accepted": len(sent), "duplicates": 0, "results": []})
+
+    client = BleedwatchClient("http://bw", "bw_x_y", flush_seconds=3600, transport=httpx.MockTransport(take))
+    logger = BleedwatchLogger(client=client, fingerprint_key=KEY)
+    for prompt in ("first question", "second question"):
+        await logger.async_log_success_event(
+            callback_kwargs("t", prompt), response_obj("chatcmpl-7", "a", 1), START, START
+        )
+    await logger.aclose()
+    assert (logger.submitted, logger.skipped) == (2, 0)
+    assert sent == [call_id("t", "first question"), call_id("t", "second question")]
 
 
 async def test_an_exchange_litellm_reports_twice_is_sent_once() -> None:

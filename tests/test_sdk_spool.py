@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from bleedwatch.client import BleedwatchClient
+from bleedwatch.client import BleedwatchClient, Undelivered
 from bleedwatch.spool import HEADER, MAGIC, Spool
 from service import metrics
 from service.auth.keys import Role
@@ -325,6 +325,63 @@ async def test_only_what_neither_spool_nor_queue_can_hold_is_dropped_counted_and
     assert len(sidecar.drop_reports) == 1  # acknowledged: never sent again
     assert client.dropped == 2
     assert len(sidecar.seen_ids) == 4
+
+
+async def test_closing_while_the_service_is_away_keeps_every_exchange(tmp_path: Path) -> None:
+    """Close with many batches queued and the service down: all of them go to the spool (the close
+    used to stop at the first batch, and the rest were lost uncounted); without a spool every one is
+    counted as dropped and the close says so."""
+    sidecar = Sidecar(up=False)
+    client = sidecar.client(batch_size=10, flush_seconds=3600, spool=tmp_path / "bw.spool")
+    for ex in exchanges(35):
+        await client.submit(ex)
+    await client.aclose()
+    spool = Spool(tmp_path / "bw.spool")
+    assert (client.dropped, spool.pending_exchanges) == (0, 35)
+    spool.close()
+
+    client = sidecar.client(batch_size=10, flush_seconds=3600)
+    for ex in exchanges(35):
+        await client.submit(ex)
+    with pytest.raises(Undelivered):
+        await client.aclose()
+    assert client.dropped_by_reason == {"closed_undelivered": 35}
+
+
+async def test_a_failing_spool_disk_or_a_strange_answer_loses_no_batch(tmp_path: Path) -> None:
+    """A spool write that fails (a full disk) keeps the batch in memory; a 202 that is not JSON (a
+    proxy's page) and a Retry-After of a non-ASCII digit are failures to retry, not lost batches."""
+    sidecar = Sidecar(up=False)
+    async with sidecar.client(batch_size=2, spool=tmp_path / "bw.spool") as client:
+        spool = client.spool
+        assert spool is not None
+
+        def full(payload: bytes, exchanges: int) -> bool:
+            raise OSError(28, "No space left on device")
+
+        spool.append = full  # type: ignore[method-assign]
+        for ex in exchanges(4):
+            await client.submit(ex)
+        await eventually(lambda: client.pending == 4)  # tried, failed, held
+        assert client.dropped == 0
+        sidecar.up = True
+        await eventually(lambda: client.accepted == 4)
+
+    answers = iter(
+        [
+            httpx.Response(202, text="<html>maintenance</html>"),
+            httpx.Response(503, headers={b"Retry-After": "\u00b2".encode("latin-1")}),
+        ]
+    )
+
+    def strange(request: httpx.Request) -> httpx.Response:
+        return next(answers, None) or sidecar.handle(request)
+
+    client = BleedwatchClient("http://bw", "bw_k_s", transport=httpx.MockTransport(strange), max_backoff_seconds=0.01)
+    for ex in exchanges(2, "s"):
+        await client.submit(ex)
+    await client.aclose()
+    assert (client.accepted, client.dropped) == (2, 0)
 
 
 async def test_submit_text_returns_before_the_hashing_is_done() -> None:

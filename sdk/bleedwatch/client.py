@@ -87,7 +87,7 @@ def retry_after(value: str | None, now: float) -> float | None:
     """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
     if not value:
         return None
-    if value.strip().isdigit():
+    if value.strip().isascii() and value.strip().isdigit():  # "²" is a digit to str.isdigit, not to float
         return float(value)
     try:
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now)
@@ -167,13 +167,20 @@ class BleedwatchClient:
             self._sender = asyncio.create_task(self._send_in_background(), name="bleedwatch-sdk-sender")
 
     async def aclose(self) -> None:
+        """Deliver what is queued; what the service does not take goes to the spool, and what the spool
+        cannot hold is counted as dropped (``closed_undelivered``) and raised as ``Undelivered``."""
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
             self._sender = None
         try:
-            await self.flush()
+            try:
+                await self.flush()
+            except Undelivered:
+                lost = await self._keep_the_rest()
+                if lost:
+                    raise
         finally:
             for task in list(self._spilling):
                 task.cancel()
@@ -307,6 +314,9 @@ class BleedwatchClient:
         for attempt in range(self._max_attempts):
             try:
                 result = await self.send(batch)
+            except asyncio.CancelledError:  # closing: aclose delivers or keeps it with the rest
+                self._pending = batch + self._pending
+                raise
             except Rejected as exc:
                 self.rejected += len(batch)  # resending the same bytes cannot succeed
                 self._drop(len(batch), exc.reason, str(exc))
@@ -330,6 +340,21 @@ class BleedwatchClient:
             raise Undelivered(batch, f"deferred by the service {self._max_attempts} times")
         return False
 
+    async def _keep_the_rest(self) -> list[dict[str, Any]]:
+        """At close, once the service failed: every exchange still queued into the spool, batch by batch
+        (the first undelivered batch is there already); what it cannot take is dropped and returned."""
+        lost: list[dict[str, Any]] = []
+        async with self._lock:
+            while self._pending:
+                batch = self._cut()
+                if not await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
+                    lost += batch
+        if lost:
+            self._drop(len(lost), "closed_undelivered")
+            with contextlib.suppress(Exception):  # the service is away: the count stays with the client
+                await self._report_drops()
+        return lost
+
     async def _keep_for_later(self, batch: list[dict[str, Any]]) -> None:
         """Into the spool, or, with none or a full one, back to the queue (up to max_pending) for the next round."""
         if not await self._keep(orjson.dumps({"exchanges": batch}), len(batch)):
@@ -339,7 +364,12 @@ class BleedwatchClient:
         """Into the spool (a worker thread writes and fsyncs it); False when there is none or it is full."""
         if self._spool is None:
             return False
-        if await asyncio.to_thread(self._spool.append, body, exchanges):
+        try:
+            kept = await asyncio.to_thread(self._spool.append, body, exchanges)
+        except OSError as exc:  # a full or failing disk: kept in memory instead, up to max_pending
+            log.error("bleedwatch: spool write failed (%s); holding the batch in memory", type(exc).__name__)
+            return False
+        if kept:
             self.spooled += exchanges
             return True
         return False
@@ -413,12 +443,13 @@ class BleedwatchClient:
                 cause = f"network error: {exc!r}"
                 wait = None
             else:
-                if resp.status_code == 202:
-                    result: dict[str, Any] = resp.json()
+                result = _answer(resp) if resp.status_code == 202 else None
+                if result is not None:
                     return result
-                if resp.status_code not in RETRY_STATUSES and resp.status_code < 500:
+                if resp.status_code not in RETRY_STATUSES and 300 <= resp.status_code < 500:
                     raise Rejected(resp.status_code, _json(resp))
-                cause = f"HTTP {resp.status_code}"
+                # A success that is no answer of bleedwatch's (a proxy's page) says nothing was taken: again.
+                cause = f"HTTP {resp.status_code}" + (", not bleedwatch's answer" if resp.status_code < 300 else "")
                 wait = retry_after(resp.headers.get("retry-after"), time.time())
             if attempt + 1 == self._max_attempts:
                 break
@@ -495,6 +526,14 @@ class BleedwatchClient:
 def _rejected(error: object) -> str:
     """The drop reason of an exchange the service refused: its error code, bounded."""
     return f"rejected:{error if isinstance(error, str) and _ERROR_CODE.fullmatch(error) else 'other'}"
+
+
+def _answer(resp: httpx.Response) -> dict[str, Any] | None:
+    try:
+        data = resp.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

@@ -186,8 +186,9 @@ def _check_tenant_fields(fields: Sequence[str]) -> tuple[str, ...]:
 
 
 def _request_id(*candidates: Any) -> str | None:
-    """The first id that fits the service's limit: a provider's response id where it is short
-    enough (LiteLLM's Responses API ids run to about 150 characters), else LiteLLM's own."""
+    """The first id that fits the service's limit: LiteLLM's own call id, unique per call and the
+    same in both reports of one call; the provider's response id only without it. Providers reuse
+    theirs (Ollama's run chatcmpl-0 to 998), and the service keeps one exchange per tenant and id."""
     return next((str(c) for c in candidates if c and len(str(c)) <= REQUEST_ID_MAX_CHARS), None)
 
 
@@ -212,7 +213,7 @@ def exchange_from_callback(
         return None  # nothing to fingerprint, or LiteLLM's message redaction is on
     metadata = _get(slo, "metadata") or {}
     tenant = _first(metadata, slo, tenant_fields)
-    request_id = _request_id(_get(response, "id"), _get(slo, "id"), kwargs.get("litellm_call_id"))
+    request_id = _request_id(kwargs.get("litellm_call_id"), _get(slo, "id"), _get(response, "id"))
     if tenant is None or request_id is None:
         return None
     hidden = _get(slo, "hidden_params") or {}

@@ -91,6 +91,7 @@ _ASCII_SPLIT = bytes(c if chr(c).isascii() and chr(c).isalnum() else 0x20 for c 
 
 
 _NON_ASCII = re.compile(rb"[\x80-\xff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def utf8_tokens(text: str) -> list[bytes]:
@@ -101,7 +102,12 @@ def utf8_tokens(text: str) -> list[bytes]:
     and only the pieces that hold non-ASCII characters go through the tokeniser's pattern.
     UTF-8 encodes non-ASCII characters with bytes >= 0x80 only, so the cut never splits one.
     """
-    cut = normalize(text).encode().translate(_ASCII_SPLIT)
+    normal = normalize(text)
+    try:
+        data = normal.encode()
+    except UnicodeEncodeError:  # a lone surrogate (JSON lets a caller send one): no word character (spec §1)
+        data = _SURROGATE.sub(" ", normal).encode()
+    cut = data.translate(_ASCII_SPLIT)
     if _NON_ASCII.search(cut) is None:
         return cut.split()
     fast, full = _token_patterns()
