@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from starlette.applications import Starlette
@@ -239,3 +240,22 @@ async def test_batches_are_cut_to_the_services_body_limit(scripted: tuple[str, S
     assert sum(n for _, n in script.seen) == client.accepted == 30
     assert len(script.seen) > 1
     assert max(script.sizes) <= limit
+
+
+async def test_a_batch_a_proxy_finds_too_large_is_sent_in_halves() -> None:
+    """413 from a reverse proxy whose body limit is below the service's: the batch goes in halves
+    until each half passes, rather than being dropped whole."""
+    sizes: list[int] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        n = len(orjson.loads(request.content)["exchanges"])
+        if n > 2:
+            return httpx.Response(413, json={"error": "payload_too_large", "detail": "body over 1 MB"})
+        sizes.append(n)
+        return httpx.Response(202, json={"accepted": n, "duplicates": 0, "findings": 0})
+
+    client = BleedwatchClient("http://bw", "bw_k_s", batch_size=7, transport=httpx.MockTransport(proxy))
+    for ex in batch(7):
+        await client.submit(ex)
+    await client.aclose()
+    assert (sum(sizes), client.accepted, client.dropped) == (7, 7, 0)

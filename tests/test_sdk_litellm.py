@@ -8,6 +8,7 @@ start_time, end_time)`` with ``kwargs`` carrying ``standard_logging_object``, sh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -308,6 +309,18 @@ async def test_an_exchange_litellm_reports_twice_is_sent_once() -> None:
     assert (logger.submitted, logger.skipped) == (1, 1)
     await logger.aclose()
     assert sent == [1]
+
+
+async def test_an_unusable_spool_directory_leaves_checking_on(tmp_path: Path) -> None:
+    """A BLEEDWATCH_SPOOL_DIR that is a file (or read-only): exchanges are sent without a spool,
+    not all refused with an error each."""
+    (tmp_path / "not-a-dir").write_text("")
+    logger = BleedwatchLogger("http://127.0.0.1:9", "bw_x_y", KEY, spool_dir=tmp_path / "not-a-dir")
+    for prompt in ("one", "two"):
+        await logger.async_log_success_event(callback_kwargs("t", prompt), response_obj("r", "a", 1), START, START)
+    assert (logger.submitted, logger.errors) == (2, 0)
+    with contextlib.suppress(Undelivered):
+        await logger.aclose()
 
 
 def test_each_worker_claims_a_spool_of_its_own(tmp_path: Path) -> None:

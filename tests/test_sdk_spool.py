@@ -410,6 +410,33 @@ async def test_a_very_long_text_is_fingerprinted_in_a_worker_process() -> None:
     assert sidecar.seen_ids == {"long", "short"}
 
 
+async def test_a_dead_fingerprinting_process_is_replaced_and_raw_text_waiting_is_bounded() -> None:
+    """The worker process killed (the OOM killer): the text it held is a counted drop, and the next
+    long text gets a new process (the pool used to stay broken, and every long text raised into the
+    gateway). Raw text waiting to be fingerprinted is bounded in characters, not only in count."""
+    sidecar = Sidecar()
+    long_prompt = " ".join([words("argparse")] * 200)  # past LONG_TEXT_CHARS
+    async with sidecar.client(flush_seconds=60) as client:
+        await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-1", model="m")
+        await client.flush_hashing()
+        processes = client._processes
+        assert processes is not None
+        for process in list(processes._processes.values()):
+            process.kill()
+        await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-2", model="m")
+        await client.flush_hashing()
+        await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-3", model="m")
+        await client.flush()
+    assert sidecar.seen_ids == {"l-1", "l-3"}
+    assert client.dropped_by_reason == {"fingerprinting_failed": 1}
+
+    async with sidecar.client(flush_seconds=60, max_hashing_chars=100) as client:
+        for i in range(3):  # 80 characters each, handed over at once: the first goes, the others wait for room
+            await client.submit_text("x " * 20, "y " * 20, key=bytes(32), tenant="acme", request_id=f"b-{i}", model="m")
+        await client.flush()
+    assert client.dropped_by_reason == {"fingerprinting_queue_full": 2}
+
+
 @pytest.mark.parametrize("settings", ["embedded", "redis+postgres"], indirect=True)
 async def test_drop_reports_feed_the_metric_once_each(api: Api) -> None:
     before = metrics.SDK_DROPPED._value.get()

@@ -113,8 +113,11 @@ class BleedwatchClient:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_fingerprints_per_text: int = DEFAULT_MAX_FINGERPRINTS_PER_TEXT,
         max_batch_exchanges: int = DEFAULT_MAX_BATCH_EXCHANGES,
+        max_hashing_chars: int = 64_000_000,
     ) -> None:
-        """``max_*`` are the service's BLEEDWATCH_MAX_* settings: pass them where it is configured otherwise."""
+        """``max_*`` are the service's BLEEDWATCH_MAX_* settings: pass them where it is configured otherwise;
+        ``max_hashing_chars`` bounds the raw text waiting to be fingerprinted (a burst of long prompts),
+        past which ``submit_text`` drops and counts (``fingerprinting_queue_full``)."""
         if not 0 < batch_size <= max_batch_exchanges:
             raise ValueError(f"batch_size must be between 1 and {max_batch_exchanges} (BLEEDWATCH_MAX_BATCH_EXCHANGES)")
         headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
@@ -139,6 +142,8 @@ class BleedwatchClient:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._hashing: set[asyncio.Future[Any]] = set()
+        self._hashing_chars = 0  # of the raw texts handed to the pools and not yet fingerprinted
+        self._max_hashing_chars = max_hashing_chars
         self._spilling: set[asyncio.Task[None]] = set()
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._processes: concurrent.futures.ProcessPoolExecutor | None = None
@@ -247,10 +252,13 @@ class BleedwatchClient:
             self.rejected += 1
             self._drop(1, problem)
             return
+        chars = len(prompt) + len(response)
+        if self._hashing_chars + chars > self._max_hashing_chars and self._hashing:
+            self._drop(1, "fingerprinting_queue_full")  # raw text waiting is what a burst of long prompts costs
+            return
         loop = asyncio.get_running_loop()
-        long = len(prompt) + len(response) > LONG_TEXT_CHARS
         pool: concurrent.futures.Executor
-        if long:
+        if chars > LONG_TEXT_CHARS:
             if self._processes is None:  # spawned, not forked: a gateway's threads must not be copied
                 spawn = multiprocessing.get_context("spawn")
                 self._processes = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn)
@@ -259,31 +267,40 @@ class BleedwatchClient:
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bleedwatch-fp")
             pool = self._threads
-        future = loop.run_in_executor(
-            pool,
-            functools.partial(
-                fingerprint_exchange,
-                prompt,
-                response,
-                key=key,
-                tenant=tenant,
-                request_id=request_id,
-                model=model,
-                ts=time.time() if ts is None else ts,
-                meta=meta,
-                params=params,
-            ),
+        work = functools.partial(
+            fingerprint_exchange,
+            prompt,
+            response,
+            key=key,
+            tenant=tenant,
+            request_id=request_id,
+            model=model,
+            ts=time.time() if ts is None else ts,
+            meta=meta,
+            params=params,
         )
+        try:
+            future = loop.run_in_executor(pool, work)
+        except concurrent.futures.BrokenExecutor:  # the process died since: a new one for the next text
+            self._processes = None
+            self._drop(1, "fingerprinting_failed")
+            return
         self._hashing.add(future)
-        future.add_done_callback(self._hashed)
+        self._hashing_chars += chars
+        future.add_done_callback(functools.partial(self._hashed, chars))
         self._start()
 
-    def _hashed(self, future: asyncio.Future[Any]) -> None:
+    def _hashed(self, chars: int, future: asyncio.Future[Any]) -> None:
         self._hashing.discard(future)
+        self._hashing_chars -= chars
         if future.cancelled():
             return
         exc = future.exception()
         if exc is not None:
+            if isinstance(exc, concurrent.futures.BrokenExecutor) and self._processes is not None:
+                # Its process died (the OOM killer): the next long text starts a new one.
+                self._processes.shutdown(wait=False, cancel_futures=True)
+                self._processes = None
             log.error("bleedwatch: could not fingerprint an exchange: %s", type(exc).__name__)
             self._drop(1, "fingerprinting_failed")
             return
@@ -318,6 +335,10 @@ class BleedwatchClient:
                 self._pending = batch + self._pending
                 raise
             except Rejected as exc:
+                if exc.status == 413 and len(batch) > 1:  # a proxy's body limit below the service's: halves
+                    half = len(batch) // 2
+                    first = await self._deliver(batch[:half], raise_errors=raise_errors)
+                    return await self._deliver(batch[half:], raise_errors=raise_errors) and first
                 self.rejected += len(batch)  # resending the same bytes cannot succeed
                 self._drop(len(batch), exc.reason, str(exc))
                 if raise_errors:

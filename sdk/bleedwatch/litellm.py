@@ -280,6 +280,7 @@ class BleedwatchLogger(_CustomLogger):
         self._api_key = api_key
         self._key = fingerprint_key
         self._spool_dir = spool_dir
+        self._no_spool = False  # set once the spool directory proved unusable
         self._tenant_fields = _check_tenant_fields(tenant_fields)
         self._params = params
         self._flush_seconds = flush_seconds
@@ -328,10 +329,19 @@ class BleedwatchLogger(_CustomLogger):
 
     def _spool_path(self) -> Path | None:
         directory = self._spool_dir or os.environ.get("BLEEDWATCH_SPOOL_DIR")
-        if directory and self._spool is None:
-            self._spool, self._slot_fd = claim_spool(directory)
+        if directory and self._spool is None and not self._no_spool:
+            try:
+                self._spool, self._slot_fd = claim_spool(directory)
+            except OSError as exc:
+                self._without_spool(exc)
+                return None
             log.info("bleedwatch spool for this worker: %s", self._spool)
         return self._spool
+
+    def _without_spool(self, exc: OSError) -> None:
+        """An unusable spool directory: exchanges are still checked, without a spool, rather than not at all."""
+        self._no_spool = True
+        log.error("bleedwatch: BLEEDWATCH_SPOOL_DIR unusable (%s); sending without a spool", type(exc).__name__)
 
     def _client_for(self, loop: asyncio.AbstractEventLoop) -> tuple[BleedwatchClient, bytes, bool] | None:
         """This loop's client and the key; True when the client is new and must be started."""
@@ -350,7 +360,11 @@ class BleedwatchLogger(_CustomLogger):
                 client = self._given
             else:
                 spool = self._spool_path()
-                client = BleedwatchClient(url, api_key, flush_seconds=self._flush_seconds, spool=spool)
+                try:
+                    client = BleedwatchClient(url, api_key, flush_seconds=self._flush_seconds, spool=spool)
+                except OSError as exc:  # the spool file itself could not be opened
+                    self._without_spool(exc)
+                    client = BleedwatchClient(url, api_key, flush_seconds=self._flush_seconds)
             self._clients[loop] = client
             return client, key, True
 

@@ -157,9 +157,13 @@ class Spool:
             self._commit(end)
 
     def close(self) -> None:
+        """Idempotent: a second close must not close a descriptor number the process has reused."""
         with self._mutex:
+            if self._lock_fd < 0:
+                return
             self._file.close()
             os.close(self._lock_fd)
+            self._lock_fd = -1
 
     # --- internals ------------------------------------------------------------------------
     @contextlib.contextmanager
