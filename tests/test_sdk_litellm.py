@@ -15,6 +15,7 @@ import inspect
 import os
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -293,6 +294,20 @@ async def test_calls_a_provider_gives_one_id_are_each_sent() -> None:
     await logger.aclose()
     assert (logger.submitted, logger.skipped) == (2, 0)
     assert sent == [call_id("t", "first question"), call_id("t", "second question")]
+
+
+def test_the_hooks_never_wait_for_a_client_being_built() -> None:
+    """Building a client reads a whole spool left by an outage (seconds for 1 GB) under the
+    logger's lock; the hooks' dedup runs on the proxy's event loop and must not wait for it."""
+    logger = BleedwatchLogger(client=BleedwatchClient("http://bw", "bw_x_y"), fingerprint_key=KEY)
+    exchange = exchange_from_callback(callback_kwargs("t", "p"), response_obj("r", "a", 1), START)
+    assert exchange is not None
+    seen: list[bool] = []
+    with logger._lock:  # the loop thread, building a client
+        hook = threading.Thread(target=lambda: seen.append(logger._first_time(exchange)))
+        hook.start()
+        hook.join(5)
+    assert seen == [True]
 
 
 async def test_an_exchange_litellm_reports_twice_is_sent_once() -> None:

@@ -286,6 +286,9 @@ class BleedwatchLogger(_CustomLogger):
         self._flush_seconds = flush_seconds
         self._given = client
         self._lock = threading.Lock()  # guards what follows; both hooks' threads touch it
+        # The hooks' dedup has a lock of its own: it runs on the proxy's event loop, and ``_lock`` is
+        # held while a client is built, which reads a whole spool left by an outage (seconds for 1 GB).
+        self._recent_lock = threading.Lock()
         self._pid = os.getpid()
         self._clients: dict[asyncio.AbstractEventLoop, BleedwatchClient] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the sync hook's loop thread
@@ -303,6 +306,7 @@ class BleedwatchLogger(_CustomLogger):
         if os.getpid() != self._pid:
             self._pid = os.getpid()
             self._clients, self._loop, self._spool, self._slot_fd = {}, None, None, None
+            self._recent_lock = threading.Lock()  # a parent's thread may have held it at the fork
             self._recent.clear()
 
     def _configured(self, need_url: bool) -> tuple[str, str, bytes] | None:
@@ -371,7 +375,7 @@ class BleedwatchLogger(_CustomLogger):
     def _first_time(self, exchange: LiteLLMExchange) -> bool:
         """False for an exchange already handed on: LiteLLM reports some calls twice."""
         key = (exchange.tenant, exchange.request_id)
-        with self._lock:
+        with self._recent_lock:
             if key in self._recent:
                 return False
             self._recent[key] = None
