@@ -133,6 +133,22 @@ def field_path(loc: Sequence[Any], start: str = "") -> str:
     return out or "body"
 
 
+def optional_unwrapped(errors: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A field that may be left out but not null (``X | None`` in the model) fails as a union: one
+    error for X under a tag of pydantic's (``str-enum[Status]``) and one "Input should be None".
+    An operator asked for X: the X error, at the field's own place."""
+    nulls = {tuple(e["loc"][:-1]) for e in errors if e.get("type") == "none_required" and e["loc"][-1:] == ("none",)}
+    out: list[Mapping[str, Any]] = []
+    for e in errors:
+        parent = tuple(e["loc"][:-1])
+        if parent in nulls:
+            if e.get("type") == "none_required":
+                continue
+            e = {**e, "loc": parent}
+        out.append(e)
+    return out
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -140,7 +156,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _body(422, "invalid", "; ".join(problem(err) for err in exc.errors()[:10]))
+        return _body(422, "invalid", "; ".join(problem(err) for err in optional_unwrapped(exc.errors())[:10]))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
