@@ -64,6 +64,28 @@ Moment = Annotated[
     datetime, BeforeValidator(_seconds_in_range), AfterValidator(_time_in_range), WithJsonSchema(MOMENT_SCHEMA)
 ]
 
+EARLIEST = datetime.fromtimestamp(1 - EPOCH_SECONDS_LIMIT, UTC)
+LATEST = datetime.fromtimestamp(EPOCH_SECONDS_LIMIT - 1, UTC)
+
+
+def _bound_in_range(value: datetime) -> datetime:
+    """A filter's bound beyond what a stored time can be (a ``Moment``) is the nearest one that can:
+    it selects the same rows, and the schema's date-times (years 0 to 9999) all pass. Naive stays
+    naive, for the route to refuse."""
+    aware = value.tzinfo is not None
+    try:
+        utc = value.astimezone(UTC) if aware else value.replace(tzinfo=UTC)
+    except OverflowError:  # year 1 at +01:00, or 9999 at -01:00
+        utc = EARLIEST if value.year < 5000 else LATEST
+    utc = min(max(utc, EARLIEST), LATEST)
+    return utc if aware else utc.replace(tzinfo=None)
+
+
+# since/until of a listing.
+Bound = Annotated[
+    datetime, BeforeValidator(_seconds_in_range), AfterValidator(_bound_in_range), WithJsonSchema(MOMENT_SCHEMA)
+]
+
 
 def _not_text(value: object) -> object:
     if isinstance(value, str | bool):

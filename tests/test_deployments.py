@@ -136,7 +136,7 @@ async def test_list_filters_and_pages(api: Api) -> None:
     by_rule = await api.client.get("/v1/deployments", params={"rule": "lb_aborts_mid_transfer"}, headers=read)
     assert [d["id"] for d in by_rule.json()["items"]] == ["d-4"]
     typo = await api.client.get("/v1/deployments", params={"rule": "kv_pool_below_context"}, headers=read)
-    assert typo.status_code == 422  # not an empty list, which would read as nothing at risk
+    assert typo.status_code == 404  # not an empty list, which would read as nothing at risk
     assert "kv_pool_below_context_length" in typo.json()["detail"]
     safe = (await api.client.get("/v1/deployments", params={"at_risk": "false"}, headers=read)).json()
     assert [d["id"] for d in safe["items"]] == ["d-1", "d-2", "d-3"]

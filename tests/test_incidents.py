@@ -156,10 +156,10 @@ async def test_listing_filters_sorting_and_cursor(api: Api) -> None:
         assert far.status_code == 200
         assert len(far.json()["items"]) == (0 if order == "asc" else 3)
     for name, moment in (("since", "0001-01-01T00:00:00+01:00"), ("until", "9999-12-31T23:59:59-01:00")):
-        for path in ("/v1/incidents", "/v1/findings"):  # before any UTC time Python holds: not a 500
+        for path in ("/v1/incidents", "/v1/findings"):  # out of what UTC times Python holds: not a 500
             far = await api.client.get(path, params={name: moment}, headers=api.headers(Role.READ))
-            assert far.status_code == 422, far.text
-            assert "between the years 1653 and 2286" in far.json()["detail"]
+            assert far.status_code == 200, far.text
+            assert len(far.json()["items"]) == 3
     garbage = await api.client.get("/v1/incidents", params={"cursor": "!!"}, headers=api.headers(Role.READ))
     assert garbage.status_code == 422
     naive = await api.client.get(

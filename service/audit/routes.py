@@ -13,7 +13,7 @@ from service.audit.schemas import AuditOut, AuditPage
 from service.auth.deps import Admin
 from service.deps import SessionDep
 from service.errors import Invalid, common_responses
-from service.wire import Moment
+from service.wire import Bound
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=common_responses())
 Text = Annotated[str | None, Query(max_length=128, pattern=NAME_PATTERN)]
@@ -30,8 +30,8 @@ async def list_audit(
         str | None, Query(max_length=128, description="Entries about this tenant (matched by hash).")
     ] = None,
     request_id: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")] = None,
-    since: Annotated[Moment | None, Query(description="At or after (ISO 8601 with a timezone).")] = None,
-    until: Annotated[Moment | None, Query(description="Before.")] = None,
+    since: Annotated[Bound | None, Query(description="At or after (ISO 8601 with a timezone).")] = None,
+    until: Annotated[Bound | None, Query(description="Before.")] = None,
     cursor: Annotated[str | None, Query(pattern=cursors.ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:

@@ -59,7 +59,7 @@ async def put_deployment(
     return _out(row, deps.risk.rules)
 
 
-@router.get("", response_model=DeploymentPage, responses=responses(Unauthorized, Forbidden, Invalid))
+@router.get("", response_model=DeploymentPage, responses=responses(Unauthorized, Forbidden, Invalid, NotFound))
 async def list_deployments(
     deps: Deps,
     session: SessionDep,
@@ -72,8 +72,10 @@ async def list_deployments(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> DeploymentPage:
     """By id. Pass ``next_cursor`` back as ``cursor`` for the next page."""
-    if rule is not None and rule not in deps.risk.rules.names:  # a typo would list nothing at risk
-        raise Invalid(f"rule: no such rule; the rules are {', '.join(sorted(deps.risk.rules.names))}")
+    if rule is not None and rule not in deps.risk.rules.names:
+        # Not an empty list, which reads as nothing at risk; and not a 422: the rules come from a
+        # file, so the schema cannot list them, and any name it admits is a valid question.
+        raise NotFound(f"rule: no such rule; the rules are {', '.join(sorted(deps.risk.rules.names))}")
     rows = await store.after(session, cursor)
     items: list[DeploymentOut] = []
     next_cursor = None

@@ -11,7 +11,7 @@ from service.errors import Forbidden, Invalid, NotFound, Unauthorized, responses
 from service.findings import store
 from service.findings.schemas import FindingOut, FindingPage
 from service.findings.severity import SeverityField
-from service.wire import Moment
+from service.wire import Bound
 
 router = APIRouter(prefix="/v1/findings", tags=["findings"])
 
@@ -20,8 +20,8 @@ router = APIRouter(prefix="/v1/findings", tags=["findings"])
 async def list_findings(
     session: SessionDep,
     caller: Reader,
-    since: Annotated[Moment | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
-    until: Annotated[Moment | None, Query(description="Detected before.")] = None,
+    since: Annotated[Bound | None, Query(description="Detected at or after (ISO 8601 or epoch seconds).")] = None,
+    until: Annotated[Bound | None, Query(description="Detected before.")] = None,
     recipient_tenant: Annotated[str | None, Query(max_length=128)] = None,
     source_tenant: Annotated[str | None, Query(max_length=128)] = None,
     model: Annotated[str | None, Query(max_length=256)] = None,

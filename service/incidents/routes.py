@@ -28,7 +28,7 @@ from service.incidents.schemas import (
     Sort,
     Status,
 )
-from service.wire import Moment
+from service.wire import Bound
 
 router = APIRouter(prefix="/v1/incidents", tags=["incidents"], responses=common_responses())
 IncidentId = Annotated[int, Path(ge=1, lt=2**63)]
@@ -80,8 +80,8 @@ async def list_incidents(
     model: Annotated[str | None, Query(max_length=256)] = None,
     deployment: Annotated[str | None, Query(max_length=256)] = None,
     tenant: Annotated[str | None, Query(max_length=128, description="On either side (source or recipient).")] = None,
-    since: Annotated[Moment | None, Query(description="Leaked responses at or after (ISO 8601, timezone).")] = None,
-    until: Annotated[Moment | None, Query(description="Leaked responses before.")] = None,
+    since: Annotated[Bound | None, Query(description="Leaked responses at or after (ISO 8601, timezone).")] = None,
+    until: Annotated[Bound | None, Query(description="Leaked responses before.")] = None,
     sort: Sort = "last_seen_at",
     order: Order = "desc",
     cursor: Annotated[str | None, Query(pattern=cursors.KEY_ID_PATTERN)] = None,

@@ -11,7 +11,7 @@ from service.deps import Deps, SessionDep
 from service.errors import Forbidden, Invalid, PayloadTooLarge, Unauthorized, Unavailable, responses
 from service.signals import store
 from service.signals.schemas import MAX_EVENTS, SignalBatch, SignalKind, SignalOut, SignalPage, SignalResult
-from service.wire import Moment
+from service.wire import Bound
 
 router = APIRouter(prefix="/v1/signals", tags=["signals"])
 
@@ -56,8 +56,8 @@ async def list_signals(
     deployment: Annotated[str | None, Query(max_length=256)] = None,
     node: Annotated[str | None, Query(max_length=256)] = None,
     kind: SignalKind | None = None,
-    since: Annotated[Moment | None, Query(description="Engine time at or after (ISO 8601 or epoch).")] = None,
-    until: Annotated[Moment | None, Query(description="Engine time before.")] = None,
+    since: Annotated[Bound | None, Query(description="Engine time at or after (ISO 8601 or epoch).")] = None,
+    until: Annotated[Bound | None, Query(description="Engine time before.")] = None,
     cursor: Annotated[str | None, Query(pattern=cursors.KEY_ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> SignalPage:
