@@ -242,9 +242,9 @@ async def test_batches_are_cut_to_the_services_body_limit(scripted: tuple[str, S
     assert max(script.sizes) <= limit
 
 
-async def test_a_batch_a_proxy_finds_too_large_is_sent_in_halves() -> None:
-    """413 from a reverse proxy whose body limit is below the service's: the batch goes in halves
-    until each half passes, rather than being dropped whole."""
+async def test_a_batch_a_proxy_finds_too_large_is_cut_smaller() -> None:
+    """413 from a reverse proxy whose body limit is below the service's: the client learns a smaller
+    body and cuts the queue again, rather than dropping the batch whole."""
     sizes: list[int] = []
 
     def proxy(request: httpx.Request) -> httpx.Response:

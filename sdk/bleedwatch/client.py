@@ -182,7 +182,7 @@ class BleedwatchClient:
         try:
             try:
                 await self.flush()
-            except Undelivered:
+            except (Undelivered, Rejected):  # the rest of the queue too, not only the batch that failed
                 lost = await self._keep_the_rest()
                 if lost:
                     raise
@@ -335,10 +335,11 @@ class BleedwatchClient:
                 self._pending = batch + self._pending
                 raise
             except Rejected as exc:
-                if exc.status == 413 and len(batch) > 1:  # a proxy's body limit below the service's: halves
-                    half = len(batch) // 2
-                    first = await self._deliver(batch[:half], raise_errors=raise_errors)
-                    return await self._deliver(batch[half:], raise_errors=raise_errors) and first
+                if exc.status == 413 and len(batch) > 1:
+                    # A proxy in front with a smaller body limit: learn it, and cut this batch again.
+                    self._max_body_bytes = max(_BODY_FRAME + 1, len(orjson.dumps({"exchanges": batch})) // 2)
+                    self._pending = batch + self._pending
+                    return True  # nothing lost; the caller's loop cuts the queue again, smaller
                 self.rejected += len(batch)  # resending the same bytes cannot succeed
                 self._drop(len(batch), exc.reason, str(exc))
                 if raise_errors:
