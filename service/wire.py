@@ -48,13 +48,22 @@ def _seconds_in_range(value: object) -> object:
     return seconds
 
 
-def _time_in_range(value: datetime) -> datetime:
-    """A date-time string as far out as numbers may go: year 1 at +01:00 is before any UTC time
-    Python can hold, and the database converts every time to UTC."""
+EARLIEST = datetime.fromtimestamp(1 - EPOCH_SECONDS_LIMIT, UTC)
+LATEST = datetime.fromtimestamp(EPOCH_SECONDS_LIMIT - 1, UTC)
+
+
+def _utc(value: datetime) -> datetime | None:
+    """The time in UTC (a naive one read as UTC), as the database stores it; None where Python can
+    hold no such time (year 1 at +01:00, 9999 at -01:00)."""
     try:
-        utc = value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
     except OverflowError:
-        utc = None
+        return None
+
+
+def _time_in_range(value: datetime) -> datetime:
+    """A date-time string as far out as numbers may go."""
+    utc = _utc(value)
     if utc is None or not -EPOCH_SECONDS_LIMIT < utc.timestamp() < EPOCH_SECONDS_LIMIT:
         raise ValueError("give a time between the years 1653 and 2286")
     return value
@@ -64,21 +73,14 @@ Moment = Annotated[
     datetime, BeforeValidator(_seconds_in_range), AfterValidator(_time_in_range), WithJsonSchema(MOMENT_SCHEMA)
 ]
 
-EARLIEST = datetime.fromtimestamp(1 - EPOCH_SECONDS_LIMIT, UTC)
-LATEST = datetime.fromtimestamp(EPOCH_SECONDS_LIMIT - 1, UTC)
-
 
 def _bound_in_range(value: datetime) -> datetime:
     """A filter's bound beyond what a stored time can be (a ``Moment``) is the nearest one that can:
     it selects the same rows, and the schema's date-times (years 0 to 9999) all pass. Naive stays
     naive, for the route to refuse."""
-    aware = value.tzinfo is not None
-    try:
-        utc = value.astimezone(UTC) if aware else value.replace(tzinfo=UTC)
-    except OverflowError:  # year 1 at +01:00, or 9999 at -01:00
-        utc = EARLIEST if value.year < 5000 else LATEST
+    utc = _utc(value) or (EARLIEST if value.year < 5000 else LATEST)
     utc = min(max(utc, EARLIEST), LATEST)
-    return utc if aware else utc.replace(tzinfo=None)
+    return utc if value.tzinfo is not None else utc.replace(tzinfo=None)
 
 
 # since/until of a listing.
