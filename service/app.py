@@ -11,9 +11,8 @@ import sqlalchemy.exc
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 
-from service import api_docs, audit, errors, metrics, tracing
+from service import api_docs, audit, errors, metrics, readiness, tracing
 from service.allowlist.routes import router as allowlist_router
 from service.audit.routes import router as audit_router
 from service.auth.failures import AuthFailures
@@ -170,26 +169,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"], summary="Redis and the database answer")
+    @app.get("/readyz", tags=["health"], summary="Redis and the database answer, at this version's schema")
     async def readyz(deps: Deps) -> JSONResponse:
-        """Ready when both answer. ``durability`` says whether Redis keeps what was answered 202
-        (AOF and noeviction); a Redis that does not is still ready (the alert on
-        bleedwatch_redis_persistence_ok says so), refusing traffic would lose more."""
-        checks: dict[str, str] = {}
-        try:
-            await deps.index.ping()
-            checks["index"] = "ok"
-        except (redis.exceptions.RedisError, OSError):
-            checks["index"] = "unreachable"
+        """Ready when both answer and the schema is migrated (service/readiness.py). ``durability``
+        says whether Redis keeps what was answered 202 (AOF and noeviction); a Redis that does not is
+        still ready (the alert on bleedwatch_redis_persistence_ok says so), refusing traffic would
+        lose more."""
+        checks = await readiness.checks(deps.index, deps.engine)
         detail: dict[str, str] = {}
         if checks["index"] == "ok":
             detail["durability"] = await _durability(deps.index)
-        try:
-            async with deps.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-            checks["database"] = "ok"
-        except (sqlalchemy.exc.SQLAlchemyError, OSError):
-            checks["database"] = "unreachable"
         ready = all(v == "ok" for v in checks.values())
         return JSONResponse({"ready": ready, "checks": checks, **detail}, status_code=200 if ready else 503)
 

@@ -17,14 +17,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-import redis.exceptions
-import sqlalchemy.exc
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 
-from service import audit, metrics, tracing
+from service import audit, metrics, readiness, tracing
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
 from service.index.factory import make_index
@@ -71,18 +68,7 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        checks: dict[str, str] = {}
-        try:
-            await app.state.index.ping()
-            checks["index"] = "ok"
-        except (redis.exceptions.RedisError, OSError):
-            checks["index"] = "unreachable"
-        try:
-            async with app.state.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-            checks["database"] = "ok"
-        except (sqlalchemy.exc.SQLAlchemyError, OSError):
-            checks["database"] = "unreachable"
+        checks = await readiness.checks(app.state.index, app.state.engine)
         ready = all(v == "ok" for v in checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
