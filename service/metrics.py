@@ -131,6 +131,10 @@ MATCH_DURATION = Histogram(
 MATCH_BUDGET_CUT = Counter(
     "bleedwatch_match_budget_cut_total", "Copy searches cut short by the per-response matching budget."
 )
+MATCH_EARLIER_SKIPPED = Counter(
+    "bleedwatch_match_earlier_skipped_total",
+    "Earlier responses a batch shared text with but not judged again: past the batch's lookup budget.",
+)
 # Age of each new exchange when ingested (now minus its timestamp): how late detection can be at best.
 INGEST_LAG = Histogram("bleedwatch_exchange_ingest_lag_seconds", "Age of exchanges when ingested.", buckets=LAG_BUCKETS)
 # Prompt length of every new exchange (gateway's prompt_tokens, else the fingerprinted token count).

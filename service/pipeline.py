@@ -72,7 +72,7 @@ def build_pipeline(settings: Settings, sessions: async_sessionmaker[AsyncSession
     known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
     ingestor = Ingestor(
         index,
-        Matcher(index, known, thresholds(settings), settings.max_request_seconds),
+        Matcher(index, known, thresholds(settings), settings.max_request_seconds, settings.max_fingerprints_per_text),
         sessions,
         limits(settings),
         writer,

@@ -217,3 +217,43 @@ async def test_token_counts_past_two_to_the_31_are_a_finding_like_any(api: Api) 
     assert (status, body["accepted"], body["findings"]) == (202, 2, 1), body
     findings = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
     assert [(f["recipient_request_id"], f["prompt_tokens"]) for f in findings] == [(rid, 2**31 + 7)]
+
+
+def raw_text(values: list[int], token_count: int | None = None) -> dict[str, Any]:
+    """A text as a hostile gateway may send it: any values, at offsets 0, 1, 2, ..."""
+    return {
+        "fingerprints": values,
+        "offsets": list(range(len(values))),
+        "token_count": len(values) + 8 if token_count is None else token_count,
+    }
+
+
+async def test_a_small_prompt_naming_many_long_answers_costs_a_bounded_lookup(small_api: Api) -> None:
+    """A prompt sharing 9 fingerprints with each of many long earlier answers had every one looked up
+    in full: 900 fingerprints cost as much as 2,000,000, again with each new prompt. Earlier answers
+    are judged again, most shared text first, up to one largest text plus 16 per fingerprint sent."""
+    from prometheus_client import REGISTRY
+
+    now = time.time()
+    answers = [[(i + 1) * 1000 + j for j in range(300)] for i in range(12)]  # 300: small_api's largest text
+    for start in range(0, 12, 3):
+        planted = [
+            one(
+                tenant="big",
+                request_id=f"big-{i}",
+                ts=now - 60,
+                prompt=raw_text([7 + i]),
+                response=raw_text(answers[i]),
+            )
+            for i in range(start, start + 3)
+        ]
+        assert (await post(small_api, {"exchanges": planted}))[0] == 202
+    shared = [v for i, answer in enumerate(answers) for v in answer[: 9 + i]]  # answer i shares 9 + i
+    skipped = REGISTRY.get_sample_value("bleedwatch_match_earlier_skipped_total") or 0
+    trigger = one(tenant="late", request_id="late-1", ts=now, prompt=raw_text(shared), response=raw_text([5, 6]))
+    status, body = await post(small_api, {"exchanges": [trigger]})
+    assert (status, body["processed"]) == (202, True)
+    # 300 + 16 * (174 + 2) fingerprints: 10 answers of 300, those sharing the most.
+    assert REGISTRY.get_sample_value("bleedwatch_match_earlier_skipped_total") == skipped + 2
+    findings = (await small_api.client.get("/v1/findings", headers=small_api.headers(Role.READ))).json()["items"]
+    assert sorted(f["recipient_request_id"] for f in findings) == sorted(f"big-{i}" for i in range(2, 12))

@@ -17,7 +17,8 @@ it still is from another tenant's prompt.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy.typing as npt
 
 from bleedwatch.fingerprint.encoding import to_signed
 from bleedwatch.fingerprint.scheme import Params
+from bleedwatch.limits import DEFAULT_MAX_FINGERPRINTS_PER_TEXT
 from service import metrics, tracing
 from service.findings.draft import FindingDraft
 from service.index.base import PROMPT_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name
@@ -52,7 +54,14 @@ from service.matching.evidence import (
 )
 from service.matching.known import Known, KnownFingerprints
 
+log = logging.getLogger(__name__)
+
 CANARY_PARAMS = Params(sample_mod=1)
+# Earlier responses a batch may have judged again: fingerprints looked up per fingerprint of the batch,
+# beyond one text of the largest size a gateway may send (``Matcher._earlier``).
+LOOKUPS_PER_FINGERPRINT = 16
+# Earlier responses are read from the index this many at a time, most shared fingerprints first.
+EARLIER_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,7 @@ class Wanted:
 
     recipient: int
     after: float | None = None
+    weight: int = field(default=0, compare=False)  # the most fingerprints one source tenant shares with it
 
 
 def candidates(docs: list[Doc], hits: list[Hit], needed: dict[bool, int], times: dict[int, float]) -> dict[int, Wanted]:
@@ -130,7 +140,11 @@ def candidates(docs: list[Doc], hits: list[Hit], needed: dict[bool, int], times:
             weight[(ref, source, sent)] = weight.get((ref, source, sent), 0) + hit.count
             known = after.get(ref, since)
             after[ref] = None if known is None or since is None else min(known, since)
-    return {ref: Wanted(recipient[ref], after[ref]) for (ref, _, sent), w in weight.items() if w >= needed[sent]}
+    out: dict[int, Wanted] = {}
+    for (ref, _, sent), w in weight.items():
+        if w >= needed[sent] and (ref not in out or w > out[ref].weight):
+            out[ref] = Wanted(recipient[ref], after[ref], w)
+    return out
 
 
 @dataclass(slots=True)
@@ -181,8 +195,14 @@ class Candidate:
 
 class Matcher:
     def __init__(
-        self, index: Index, known: KnownFingerprints, thresholds: Thresholds, max_request_seconds: float
+        self,
+        index: Index,
+        known: KnownFingerprints,
+        thresholds: Thresholds,
+        max_request_seconds: float,
+        max_fingerprints_per_text: int = DEFAULT_MAX_FINGERPRINTS_PER_TEXT,
     ) -> None:
+        self._largest = max_fingerprints_per_text
         self._index = index
         self._known = known
         self._t = thresholds
@@ -203,14 +223,15 @@ class Matcher:
             if doc.kind & Kind.RESPONSE and int((known.canaries.find(doc.values) >= 0).sum()) >= self._t.min_matched:
                 wanted[doc.ref] = Wanted(doc.tenant)
         found = {ref: metas[ref] for ref in wanted if ref in metas}
-        found.update(await self._index.get_docs(key_id, [ref for ref in wanted if ref not in metas], now))
+        budget = self._largest + LOOKUPS_PER_FINGERPRINT * sum(len(d.values) for d in docs)
+        found.update(await self._earlier(key_id, {r: w for r, w in wanted.items() if r not in metas}, budget, now))
         todo = [
             (ref, w.recipient, meta)
             for ref, w in sorted(wanted.items())
             if (meta := found.get(ref)) is not None
             and meta.values is not None
             and meta.offsets is not None  # the others aged out of the window
-            and (w.after is None or meta.ts > w.after)
+            and _may_be_later(meta, w)
         ]
         if not todo:
             return []
@@ -224,6 +245,36 @@ class Matcher:
         sources = await self._sources(key_id, refs, known, now)
         drafts = await asyncio.to_thread(self._judge_all, key_id, judged, sources)
         return drafts
+
+    async def _earlier(self, key_id: str, wanted: dict[int, Wanted], budget: int, now: float) -> dict[int, DocMeta]:
+        """Earlier responses to judge again, most shared fingerprints first, while their fingerprints
+        add up to at most ``budget``.
+
+        A prompt sharing 9 fingerprints with an earlier answer makes it a candidate, so a small prompt
+        can name thousands of long answers, each looked up in full: a hostile gateway made a prompt
+        of 900 fingerprints cost as much as 2,000,000, and each new one cost it again. The batch's
+        own responses cost its size; earlier ones are judged up to one text of the largest size plus
+        ``LOOKUPS_PER_FINGERPRINT`` per fingerprint of the batch, and the rest are counted
+        (``bleedwatch_match_earlier_skipped_total``): honest traffic, whose late prompts are the
+        source of a few answers, never comes near it.
+        """
+        order = sorted(wanted, key=lambda ref: (-wanted[ref].weight, ref))
+        out: dict[int, DocMeta] = {}
+        for start in range(0, len(order), EARLIER_CHUNK):
+            chunk = order[start : start + EARLIER_CHUNK]
+            docs = await self._index.get_docs(key_id, chunk, now)
+            for i, ref in enumerate(chunk):
+                meta = docs.get(ref)
+                if meta is None or meta.values is None or not _may_be_later(meta, wanted[ref]):
+                    continue
+                if len(meta.values) > budget:
+                    skipped = len(order) - start - i
+                    metrics.MATCH_EARLIER_SKIPPED.inc(skipped)
+                    log.warning("match_earlier_skipped", extra={"responses": skipped, "judged": len(out)})
+                    return out
+                budget -= len(meta.values)
+                out[ref] = meta
+        return out
 
     def _judge_all(self, key_id: str, judged: list[Candidate], sources: dict[int, Source]) -> list[FindingDraft]:
         drafts = []
@@ -337,6 +388,11 @@ class Matcher:
 def _params(sources: dict[int, Source]) -> dict[int, Params]:
     """Each source document's fingerprint parameters, as evidence reads them."""
     return {ref: s.params for ref, s in sources.items()}
+
+
+def _may_be_later(meta: DocMeta, wanted: Wanted) -> bool:
+    """Whether a response wanted only as a later answer than an incoming one (``Wanted.after``) is one."""
+    return wanted.after is None or meta.ts > wanted.after
 
 
 def _may_source(source: Source | None, meta: DocMeta, ref: int, source_ref: int) -> bool:
