@@ -270,7 +270,9 @@ class Matcher:
                 if len(meta.values) > budget:
                     skipped = len(order) - start - i
                     metrics.MATCH_EARLIER_SKIPPED.inc(skipped)
-                    log.warning("match_earlier_skipped", extra={"responses": skipped, "judged": len(out)})
+                    log.warning(
+                        "match_earlier_skipped", extra={"key_id": key_id, "responses": skipped, "judged": len(out)}
+                    )
                     return out
                 budget -= len(meta.values)
                 out[ref] = meta
