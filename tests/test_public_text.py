@@ -171,6 +171,24 @@ def test_import_public_without_the_bundle_says_how_to_install(
     assert "pip install 'licensedcode-data>=32'" in capsys.readouterr().err
 
 
+def test_import_public_with_a_wrong_key_fails_before_fingerprinting_the_bundle(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    read: list[str] = []
+
+    class Watched(public.Bundle):
+        def texts(self, min_tokens: int = public.MIN_TOKENS) -> Iterator[public.PublicText]:
+            read.append(self.label)
+            yield from super().texts(min_tokens)
+
+    watched = Watched("0.test", fake_bundle(tmp_path).root)
+    monkeypatch.setattr(public, "bundle", lambda: watched)
+    args = ["allowlist", "import-public", "--url", service.url, "--key-file", str(service.key_file)]
+    assert main([*args, "--api-key", service.tokens[Role.READ]]) == 1
+    assert "403 forbidden" in capsys.readouterr().err
+    assert read == []  # the real bundle takes half a minute to fingerprint: the key is checked first
+
+
 def test_allowlist_add_takes_files_and_directories_in_chunks(
     service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

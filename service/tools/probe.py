@@ -77,16 +77,18 @@ def import_public(
     An unrevoked entry with the bundle's label and as many fingerprints as the bundle gives is
     left alone; one with fewer (an import cut short) is completed, since bleedwatch keeps only
     the values an entry lacks. Raises ``public.BundleMissing`` if the bundle is not installed.
+    The entry is looked up before the bundle is fingerprinted (half a minute), so a wrong URL or
+    key fails at once.
     """
     start = time.perf_counter()
     b = bundle or public.bundle()
     gateway = Params(n=n, w=w)
-    parts = [fingerprint_text(t.text, key, every_shingle(gateway)).values for t in b.texts()]
-    texts, values = len(parts), sorted_unique(parts)
     with _client(url, api_key) as client:
         params = {"key_id": key_id(key, gateway), "label": b.label}
         found = [e for e in check(client.get("/v1/allowlist", params=params))["items"] if e["revoked_at"] is None]
         entry = found[-1] if found else None  # the oldest: listed newest first
+        parts = [fingerprint_text(t.text, key, every_shingle(gateway)).values for t in b.texts()]
+        texts, values = len(parts), sorted_unique(parts)
         if entry is not None and entry["fingerprint_count"] == len(values):
             return AllowlistResult(entry, texts, len(values), 0, time.perf_counter() - start)
         upload = EntryUpload(client, key, gateway, b.label, entry=entry)
