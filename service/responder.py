@@ -37,13 +37,32 @@ class CommandError(Exception):
 
 
 def moment(value: str) -> str:
-    """``30m``, ``2h`` or ``7d`` ago, in UTC, or an ISO 8601 time passed on as given."""
+    """``30m``, ``2h`` or ``7d`` ago, in UTC, or an ISO 8601 time or epoch seconds passed on as given.
+
+    Anything else is refused here: passed on, ``1w`` or ``2 h`` came back as the API's
+    "input is too short", which does not say that a duration was meant.
+    """
     relative = _RELATIVE.match(value)
     if relative is None:
+        if not _absolute(value):
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a duration ago (30s, 30m, 2h, 7d), an ISO 8601 time or epoch seconds"
+            )
         return value
     amount, unit = relative.groups()
     then = datetime.now(UTC) - timedelta(**{_UNITS[unit]: int(amount)})
     return then.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _absolute(value: str) -> bool:
+    """Whether the API can read ``value`` as a time (its ``Bound`` takes ISO 8601 and epoch seconds)."""
+    for parse in (datetime.fromisoformat, float):
+        try:
+            parse(value)
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 class Api:

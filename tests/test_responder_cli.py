@@ -132,6 +132,18 @@ def test_without_a_key_or_a_server_it_says_what_to_do(
 def test_relative_times_become_utc() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", moment("2h"))
     assert moment("2026-12-02T10:00:00Z") == "2026-12-02T10:00:00Z"
+    assert moment("2026-12-02") == "2026-12-02"
+    assert moment("1796205600") == "1796205600"
+
+
+def test_a_time_the_api_cannot_read_is_refused_before_any_call(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["findings", "list", "--since", "1w", "--url", "http://127.0.0.1:9", "--api-key", "bw_a_b"]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert "'1w' is not a duration ago (30s, 30m, 2h, 7d), an ISO 8601 time or epoch seconds" in capsys.readouterr().err
 
 
 def test_version_completion_and_a_purge_that_asks_first(capsys: pytest.CaptureFixture[str]) -> None:
