@@ -99,10 +99,19 @@ def _share_metrics_between_workers() -> None:
 
 
 def _migrate(_: argparse.Namespace) -> int:
+    """Says which database it migrated and from which revision to which: silent, a run against the
+    wrong BLEEDWATCH_DATABASE_URL (or none, the embedded SQLite) looked like success."""
     from service.config import Settings
-    from service.migrate import upgrade
+    from service.migrate import describe, revision, upgrade
 
-    upgrade(Settings())
+    settings = Settings()
+    before = revision(settings)
+    upgrade(settings)
+    after = revision(settings)
+    if before == after:
+        print(f"{describe(settings)}: schema already at revision {after}")
+    else:
+        print(f"{describe(settings)}: schema migrated from revision {before or '(empty)'} to {after}")
     return 0
 
 
@@ -432,6 +441,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     import httpx
+    from sqlalchemy.exc import OperationalError, ProgrammingError
 
     from bleedwatch.client import Rejected, Undelivered
     from service.allowlist.upload import Refused
@@ -465,10 +475,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Refused, Rejected, Undelivered) as exc:  # the service said no, or never said yes
         print(f"bleedwatch {args.command}: {exc}", file=sys.stderr)
         return 1
+    except (OperationalError, ProgrammingError) as exc:  # migrate, keys, prune...: the database is down or not set up
+        from service.config import Settings
+        from service.migrate import describe
+
+        print(f"bleedwatch {args.command}: {describe(Settings())}: {_database_error(exc)}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `... | head`: the reader is gone, and so is what would go to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return code
+
+
+def _database_error(exc: BaseException) -> str:
+    """The driver's own words, without SQLAlchemy's statement, parameters and background link; a
+    missing table (PostgreSQL's "relation ... does not exist", SQLite's "no such table") means that
+    the database was never migrated, the usual first-day mistake, so the line says so."""
+    cause = getattr(exc, "orig", None) or exc
+    line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    if "no such table" in line or ("relation" in line and "does not exist" in line):
+        return f"{line}: run `bleedwatch migrate` first"
+    return line
 
 
 def _where(exc: httpx.RequestError) -> str:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, make_url
 
 from service.config import Settings
 
@@ -30,3 +32,19 @@ def alembic_config(settings: Settings) -> Config:
 
 def upgrade(settings: Settings, revision: str = "head") -> None:
     command.upgrade(alembic_config(settings), revision)
+
+
+def revision(settings: Settings) -> str | None:
+    """The schema revision the database is at; None before the first migration."""
+    engine = create_engine(alembic_config(settings).attributes["sqlalchemy_url"])
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def describe(settings: Settings) -> str:
+    """The database, as an operator checks which one a command used: no password."""
+    url = settings.database_url or settings.sqlalchemy_url(asynchronous=False)
+    return make_url(url).render_as_string(hide_password=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from alembic.script import ScriptDirectory
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -16,6 +17,7 @@ from service.app import create_app
 from service.cli import main
 from service.config import Settings
 from service.local_server import local_server
+from service.migrate import describe, migrations_dir
 from tests.traffic import KEY, words
 
 
@@ -34,6 +36,32 @@ def create(capsys: pytest.CaptureFixture[str], role: str) -> tuple[str, str]:
     match = re.search(r"created key (\w+) \((\w+)\).*\n(bw_\S+)", out)
     assert match, out
     return match.group(1), match.group(3)
+
+
+def test_migrate_says_which_database_and_revision(embedded_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    database = (embedded_env.data_dir / "bleedwatch.db").resolve()
+    head = ScriptDirectory(str(migrations_dir())).get_current_head()
+    assert main(["migrate"]) == 0
+    assert capsys.readouterr().out == f"sqlite:///{database}: schema migrated from revision (empty) to {head}\n"
+    assert main(["migrate"]) == 0
+    assert capsys.readouterr().out == f"sqlite:///{database}: schema already at revision {head}\n"
+    assert describe(Settings(database_url="postgresql://bw:hunter2@db:5432/bw")) == "postgresql://bw:***@db:5432/bw"
+
+
+def test_a_database_that_is_away_or_never_migrated_is_one_line_not_a_traceback(
+    embedded_env: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = (embedded_env.data_dir / "bleedwatch.db").resolve()
+    assert main(["keys", "create", "--name", "first", "--role", "admin"]) == 1
+    assert capsys.readouterr().err == (
+        f"bleedwatch keys: sqlite:///{database}: no such table: api_keys: run `bleedwatch migrate` first\n"
+    )
+    monkeypatch.setenv("BLEEDWATCH_DATABASE_URL", "postgresql://bw:hunter2@127.0.0.1:9/bw")
+    assert main(["migrate"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bleedwatch migrate: postgresql://bw:***@127.0.0.1:9/bw: connection failed:")
+    assert err.count("\n") == 1
+    assert "hunter2" not in err
 
 
 def test_keys_create_list_revoke(embedded_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
