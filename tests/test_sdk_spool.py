@@ -17,12 +17,16 @@ import httpx
 import orjson
 import pytest
 
-from bleedwatch.client import BleedwatchClient, Undelivered
+from bleedwatch import hashing
+from bleedwatch.client import LONG_TEXT_CHARS, BleedwatchClient, Undelivered
+from bleedwatch.exchange import Scalar, fingerprint_exchange
+from bleedwatch.fingerprint.scheme import Params
 from bleedwatch.spool import HEADER, MAGIC, Spool
 from service import metrics
 from service.auth.keys import Role
+from tests.aux_venv import SDK
 from tests.conftest import Api
-from tests.traffic import exchange, words
+from tests.traffic import KEY, exchange, words
 
 pytestmark = pytest.mark.anyio
 
@@ -410,24 +414,38 @@ async def test_a_very_long_text_is_fingerprinted_in_a_worker_process() -> None:
     assert sidecar.seen_ids == {"long", "short"}
 
 
-async def test_a_dead_fingerprinting_process_is_replaced_and_raw_text_waiting_is_bounded() -> None:
-    """The worker process killed (the OOM killer): the text it held is a counted drop, and the next
-    long text gets a new process (the pool used to stay broken, and every long text raised into the
-    gateway). Raw text waiting to be fingerprinted is bounded in characters, not only in count."""
+async def test_a_dead_fingerprinting_process_is_replaced_and_raw_text_waiting_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker process killed (the OOM killer) while it holds a text: that text is a counted drop,
+    never a wait for ever, and the next long text gets a new process; one killed while idle costs
+    no text. Raw text waiting to be fingerprinted is bounded in characters, not only in count."""
     sidecar = Sidecar()
     long_prompt = " ".join([words("argparse")] * 200)  # past LONG_TEXT_CHARS
+    receive = hashing._receive
+
+    def killed_before_answering(process: subprocess.Popen[bytes]) -> bytes:
+        monkeypatch.setattr(hashing, "_receive", receive)  # the first text only
+        process.kill()
+        return receive(process)
+
     async with sidecar.client(flush_seconds=60) as client:
         await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-1", model="m")
         await client.flush_hashing()
         processes = client._processes
         assert processes is not None
-        for process in list(processes._processes.values()):
-            process.kill()
+        assert processes.process is not None
+        processes.process.kill()
+        processes.process.wait()
         await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-2", model="m")
         await client.flush_hashing()
+        monkeypatch.setattr(hashing, "_receive", killed_before_answering)
         await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-3", model="m")
+        await client.flush_hashing()
+        await client.submit_text(long_prompt, "ok", key=bytes(32), tenant="acme", request_id="l-4", model="m")
         await client.flush()
-    assert sidecar.seen_ids == {"l-1", "l-3"}
+        assert processes.started == 3
+    assert sidecar.seen_ids == {"l-1", "l-2", "l-4"}
     assert client.dropped_by_reason == {"fingerprinting_failed": 1}
 
     async with sidecar.client(flush_seconds=60, max_hashing_chars=100) as client:
@@ -435,6 +453,72 @@ async def test_a_dead_fingerprinting_process_is_replaced_and_raw_text_waiting_is
             await client.submit_text("x " * 20, "y " * 20, key=bytes(32), tenant="acme", request_id=f"b-{i}", model="m")
         await client.flush()
     assert client.dropped_by_reason == {"fingerprinting_queue_full": 2}
+
+
+async def test_a_long_text_is_fingerprinted_as_in_process_and_the_process_ends_on_close() -> None:
+    """Field for field what ``fingerprint_exchange`` gives in the gateway's own process, whichever way
+    the text went (a lone surrogate, non-ASCII, meta, other parameters included); a key the scheme
+    refuses is a counted drop that keeps the process; ``aclose`` ends it."""
+    prompt = " ".join([words("difflib")] * 300) + " na\u00efve \ud800 \U0001f600 end"  # past LONG_TEXT_CHARS
+    response = words("json") + " \udfff"
+    params = Params(n=5, w=4, sample_after=1000, sample_mod=3, response_w=2)
+    meta: dict[str, Scalar] = {"deployment": "pd-1", "node": None, "prompt_tokens": 12}
+    names: dict[str, Any] = {"tenant": "acme", "model": "m", "ts": 1_700_000_000.25, "meta": meta, "params": params}
+    client = BleedwatchClient("http://bw", "bw_k_s", flush_seconds=60)
+    await client.submit_text(prompt, response, key=KEY, request_id="long", **names)
+    await client.submit_text(prompt[:5000], response, key=KEY, request_id="short", **names)
+    await client.submit_text(prompt, response, key=bytes(8), request_id="bad-key", **names)
+    await client.flush_hashing()
+    assert len(prompt) > LONG_TEXT_CHARS
+    assert {ex["request_id"]: ex for ex in client._pending} == {
+        "long": fingerprint_exchange(prompt, response, key=KEY, request_id="long", **names),
+        "short": fingerprint_exchange(prompt[:5000], response, key=KEY, request_id="short", **names),
+    }
+    assert client.dropped_by_reason == {"fingerprinting_failed": 1}
+    processes = client._processes
+    assert processes is not None
+    process = processes.process
+    assert process is not None
+    assert processes.started == 1
+    client._pending.clear()
+    await client.aclose()
+    assert processes._thread is not None
+    await asyncio.to_thread(processes._thread.join)
+    assert process.returncode == 0
+
+
+GATEWAY_WITHOUT_GUARD = """
+import asyncio, json, os, sys
+import httpx
+from bleedwatch.client import BleedwatchClient
+
+with open(sys.argv[1], "a") as runs:  # a gateway that starts its server here, with no __main__ guard
+    runs.write(f"{os.getpid()}\\n")
+
+async def main():
+    answer = httpx.Response(202, json={"accepted": 1, "duplicates": 0, "findings": 0})
+    client = BleedwatchClient("http://bw", "bw_k_s", transport=httpx.MockTransport(lambda request: answer))
+    await client.submit_text("word " * 60_000, "ok", key=bytes(32), tenant="acme", request_id="long", model="m")
+    await client.aclose()
+    print(json.dumps({"accepted": client.accepted, "dropped": client.dropped_by_reason}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_gateway_script_without_a_main_guard_runs_once(tmp_path: Path) -> None:
+    """multiprocessing's spawn imported the gateway's ``__main__`` again in the fingerprinting process:
+    a script without ``if __name__ == "__main__":`` ran its body there too, the pool broke, and every
+    long text was dropped. The fingerprinting process imports bleedwatch alone."""
+    script, runs = tmp_path / "gateway.py", tmp_path / "runs"
+    script.write_text(GATEWAY_WITHOUT_GUARD)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(SDK), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, str(script), str(runs)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout) == {"accepted": 1, "dropped": {}}
+    assert len(runs.read_text().split()) == 1, done.stderr
 
 
 @pytest.mark.parametrize("settings", ["embedded", "redis+postgres"], indirect=True)

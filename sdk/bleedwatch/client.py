@@ -38,7 +38,6 @@ import contextlib
 import email.utils
 import functools
 import logging
-import multiprocessing
 import os
 import random
 import re
@@ -50,16 +49,17 @@ from typing import Any
 import httpx
 import orjson
 
-from bleedwatch.exchange import Scalar, fingerprint_exchange, name_problem, size_problem, wire_size
+from bleedwatch.exchange import Scalar, exchange_of, fingerprint_texts, name_problem, size_problem, wire_size
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
+from bleedwatch.hashing import FingerprintProcess
 from bleedwatch.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
 from bleedwatch.spool import Spool
 
 log = logging.getLogger("bleedwatch.sdk")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# Texts longer than this (characters) are fingerprinted in a worker process: tokenising a
-# megabyte-sized prompt is one long C call that would hold the GIL, and so the gateway's loop.
+# Texts longer than this (characters) are fingerprinted in a worker process (sdk/bleedwatch/hashing.py):
+# tokenising a megabyte-sized prompt is one long C call that would hold the GIL, and so the gateway's loop.
 LONG_TEXT_CHARS = 200_000
 _ERROR_CODE = re.compile(r"^[a-z_]{1,32}$")  # a service's error codes; anything else is counted as "other"
 _BODY_FRAME = len('{"exchanges":[]}')
@@ -146,7 +146,7 @@ class BleedwatchClient:
         self._max_hashing_chars = max_hashing_chars
         self._spilling: set[asyncio.Task[None]] = set()
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self._processes: concurrent.futures.ProcessPoolExecutor | None = None
+        self._processes: FingerprintProcess | None = None
         self._report: tuple[str, int] | None = None  # a drop report sent but not yet acknowledged
         self._unreported = 0
         self.accepted = 0
@@ -190,9 +190,10 @@ class BleedwatchClient:
             for task in list(self._spilling):
                 task.cancel()
             await self._http.aclose()
-            for pool in (self._threads, self._processes):
-                if pool is not None:
-                    pool.shutdown(wait=False, cancel_futures=True)
+            if self._threads is not None:
+                self._threads.shutdown(wait=False, cancel_futures=True)
+            if self._processes is not None:
+                self._processes.close()
             if self._spool is not None:
                 self._spool.close()
 
@@ -256,35 +257,20 @@ class BleedwatchClient:
         if self._hashing_chars + chars > self._max_hashing_chars and self._hashing:
             self._drop(1, "fingerprinting_queue_full")  # raw text waiting is what a burst of long prompts costs
             return
-        loop = asyncio.get_running_loop()
-        pool: concurrent.futures.Executor
+        when = time.time() if ts is None else ts
+        around = functools.partial(  # the exchange around its fingerprints
+            exchange_of, key=key, tenant=tenant, request_id=request_id, model=model, ts=when, meta=meta, params=params
+        )
+        future: asyncio.Future[dict[str, Any]]
         if chars > LONG_TEXT_CHARS:
-            if self._processes is None:  # spawned, not forked: a gateway's threads must not be copied
-                spawn = multiprocessing.get_context("spawn")
-                self._processes = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn)
-            pool = self._processes
+            if self._processes is None:
+                self._processes = FingerprintProcess()
+            future = asyncio.wrap_future(self._processes.submit(prompt, response, key, params, around))
         else:
             if self._threads is None:
                 self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bleedwatch-fp")
-            pool = self._threads
-        work = functools.partial(
-            fingerprint_exchange,
-            prompt,
-            response,
-            key=key,
-            tenant=tenant,
-            request_id=request_id,
-            model=model,
-            ts=time.time() if ts is None else ts,
-            meta=meta,
-            params=params,
-        )
-        try:
-            future = loop.run_in_executor(pool, work)
-        except concurrent.futures.BrokenExecutor:  # the process died since: a new one for the next text
-            self._processes = None
-            self._drop(1, "fingerprinting_failed")
-            return
+            texts = functools.partial(fingerprint_texts, prompt, response, key, params)
+            future = asyncio.get_running_loop().run_in_executor(self._threads, lambda: around(texts()))
         self._hashing.add(future)
         self._hashing_chars += chars
         future.add_done_callback(functools.partial(self._hashed, chars))
@@ -297,10 +283,6 @@ class BleedwatchClient:
             return
         exc = future.exception()
         if exc is not None:
-            if isinstance(exc, concurrent.futures.BrokenExecutor) and self._processes is not None:
-                # Its process died (the OOM killer): the next long text starts a new one.
-                self._processes.shutdown(wait=False, cancel_futures=True)
-                self._processes = None
             log.error("bleedwatch: could not fingerprint an exchange: %s", type(exc).__name__)
             self._drop(1, "fingerprinting_failed")
             return

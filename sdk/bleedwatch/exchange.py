@@ -26,6 +26,7 @@ from bleedwatch.limits import (
 )
 
 Scalar = str | int | float | bool | None
+Texts = tuple[dict[str, Any], dict[str, Any]]  # the prompt's and the response's fingerprints, wire form
 
 _NAME = re.compile(NAME_PATTERN)
 _LABEL = re.compile(LABEL_PATTERN)
@@ -62,7 +63,33 @@ def fingerprint_exchange(
     ``meta`` should carry ``deployment``, ``node`` and the engine's ``prompt_tokens`` where
     the gateway knows them: they are what a responder needs to scope a leak.
     """
-    when = ts if isinstance(ts, datetime) else datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
+    when = time.time() if ts is None else ts
+    texts = fingerprint_texts(prompt, response, key, params)
+    return exchange_of(
+        texts, key=key, tenant=tenant, request_id=request_id, model=model, ts=when, meta=meta, params=params
+    )
+
+
+def fingerprint_texts(prompt: str, response: str, key: bytes, params: Params = DEFAULT_PARAMS) -> Texts:
+    """The prompt's and the response's fingerprints in the wire form: all of an exchange's work, and all
+    of its text. What the client's fingerprinting process computes (sdk/bleedwatch/worker.py)."""
+    return _text(fingerprint_text(prompt, key, params)), _text(fingerprint_text(response, key, params.for_response()))
+
+
+def exchange_of(
+    texts: Texts,
+    *,
+    key: bytes,
+    tenant: str,
+    request_id: str,
+    model: str,
+    ts: float | datetime,
+    meta: dict[str, Scalar] | None,
+    params: Params,
+) -> dict[str, Any]:
+    """The exchange around the fingerprints of ``fingerprint_texts``: names, time, key id and scheme."""
+    when = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, UTC)
+    prompt, response = texts
     return {
         "tenant": tenant,
         "request_id": request_id,
@@ -77,8 +104,8 @@ def fingerprint_exchange(
             "sample_mod": params.sample_mod,
             "response_w": params.response_w,
         },
-        "prompt": _text(fingerprint_text(prompt, key, params)),
-        "response": _text(fingerprint_text(response, key, params.for_response())),
+        "prompt": prompt,
+        "response": response,
         "meta": dict(meta or {}),
     }
 
