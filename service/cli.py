@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, key_from_hex
 from service.auth.keys import Role
 from service.responder import add_parsers as add_responder_parsers
+from service.responder import counted
 from service.tools.sim.cli import add_parser as add_sim_parser
 from service.tools.sim.cli import key_file
 
@@ -258,8 +259,9 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"bleedwatch replay: {exc}", file=sys.stderr)
         return 2
     print(
-        f"sent {result.sent} exchanges: {result.accepted} accepted, {result.duplicates} duplicates, "
-        f"findings created or extended {result.findings} times, {result.rate:,.0f} exchanges/s"
+        f"sent {counted(result.sent, 'exchange')}: {result.accepted} accepted, "
+        f"{counted(result.duplicates, 'duplicate')}, findings created or extended {counted(result.findings, 'time')}, "
+        f"{result.rate:,.0f} exchanges/s"
     )
     return 0
 

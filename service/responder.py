@@ -102,6 +102,11 @@ class Api:
             query["cursor"] = page["next_cursor"]
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 finding``, ``2 findings``: the nouns printed here all take a plain ``s``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _detail(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -224,7 +229,7 @@ def _change(status: str | None) -> Callable[[Api, argparse.Namespace, TextIO], N
             return
         out.write(
             f"incident {incident['id']}: {incident['status']}, assignee {_cell(incident['assignee'])}, "
-            f"{incident['finding_count']} findings\n"
+            f"{counted(incident['finding_count'], 'finding')}\n"
         )
         if status == "false_positive":
             entries = sorted({f["allowlist_entry_id"] for f in incident["findings"] if f["allowlist_entry_id"]})
@@ -250,7 +255,8 @@ def _impact(api: Api, args: argparse.Namespace, out: TextIO) -> None:
         }
         for pair in report["pairs"]
     ]
-    out.write(f"incident {args.id}: {report['response_count']} leaked responses, {len(pairs)} tenant pairs\n")
+    responses = counted(report["response_count"], "leaked response")
+    out.write(f"incident {args.id}: {responses}, {counted(len(pairs), 'tenant pair')}\n")
     _table(pairs, ["source_tenant", "recipient_tenant", "canary", "response_count", "first", "last"], out)
 
 

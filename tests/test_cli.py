@@ -129,7 +129,7 @@ def test_replay_finds_the_leak_in_a_traffic_file(
         args = ["replay", str(traffic), "--url", url, "--api-key", ingest, "--key-file", str(key_file)]
         assert main([*args, "--batch-size", "1"]) == 0
         out = capsys.readouterr().out
-        assert "sent 2 exchanges: 2 accepted, 0 duplicates, findings created or extended 1 times" in out
+        assert "sent 2 exchanges: 2 accepted, 0 duplicates, findings created or extended 1 time," in out
         assert main(args) == 0
         assert "0 accepted, 2 duplicates" in capsys.readouterr().out
         items = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read}"}).json()["items"]

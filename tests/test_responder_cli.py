@@ -84,7 +84,7 @@ def test_a_responder_works_an_incident_from_the_shell(
         assert err.startswith("403 forbidden:")
 
         code, out, _ = run(capsys, "incidents", "ack", iid, "--assignee", "alice", "--notes", "paged", *responder)
-        assert (code, out) == (0, f"incident {iid}: acknowledged, assignee alice, 1 findings\n")
+        assert (code, out) == (0, f"incident {iid}: acknowledged, assignee alice, 1 finding\n")
 
         code, out, _ = run(capsys, "incidents", "impact", iid, "--csv", *responder)
         rows = list(csv.DictReader(io.StringIO(out)))
@@ -92,7 +92,7 @@ def test_a_responder_works_an_incident_from_the_shell(
             ("acme", "globex", "globex-1")
         ]
         code, out, _ = run(capsys, "incidents", "impact", iid, *responder)
-        assert "1 leaked responses, 1 tenant pairs" in out
+        assert f"incident {iid}: 1 leaked response, 1 tenant pair\n" in out
 
         code, out, _ = run(capsys, "incidents", "false-positive", iid, *responder)
         assert code == 0
