@@ -67,7 +67,7 @@ async def test_lifecycle_timeline_and_invalid_steps(api: Api) -> None:
     conflict = await patch(api, path, {"status": "acknowledged"}, status=409)
     assert conflict == {
         "error": "conflict",
-        "detail": "status: an incident that is resolved can become false_positive, open, not acknowledged",
+        "detail": "status: an incident that is resolved cannot become acknowledged, only false_positive or open",
     }
     await patch(api, path, {"assignee": None})
     await patch(api, path, {}, status=422)

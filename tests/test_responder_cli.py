@@ -103,8 +103,10 @@ def test_a_responder_works_an_incident_from_the_shell(
         assert int(entries.group(1)) in [e["id"] for e in allowlist["items"]]
 
         code, _, err = run(capsys, "incidents", "resolve", iid, *responder)  # false_positive -> resolved: 409
-        assert code == 1
-        assert err.startswith("409 conflict:")
+        assert (code, err) == (
+            1,
+            "409 conflict: status: an incident that is false_positive cannot become resolved, only open\n",
+        )
         code, _, err = run(capsys, "incidents", "show", "999999", *reader)
         assert (code, err) == (1, "404 not_found: no incident 999999\n")
 

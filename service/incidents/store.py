@@ -284,8 +284,9 @@ async def update(
     if "status" in fields and patch.status is not None and patch.status != incident.status:
         before, after = Status(incident.status), patch.status
         if after not in TRANSITIONS[before]:
-            allowed = ", ".join(sorted(TRANSITIONS[before]))
-            raise Conflict(f"status: an incident that is {before} can become {allowed}, not {after}")
+            *others, last = sorted(TRANSITIONS[before])
+            allowed = f"{', '.join(others)} or {last}" if others else last
+            raise Conflict(f"status: an incident that is {before} cannot become {after}, only {allowed}")
         # Two responders at once: the first to change the row wins, the other is told (before, no
         # step would be checked against what the other had just made of it).
         claimed = await session.execute(
