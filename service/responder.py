@@ -222,7 +222,8 @@ def _change(status: str | None) -> Callable[[Api, argparse.Namespace, TextIO], N
             body["notes"] = args.notes
         if not body:
             raise CommandError("nothing to change: give --assignee or --notes")
-        incident = api.json("PATCH", f"/v1/incidents/{args.id}", json=body)
+        response = api.request("PATCH", f"/v1/incidents/{args.id}", json=body)
+        incident = response.json()
         if args.json:
             json.dump(incident, out, indent=2)
             out.write("\n")
@@ -234,8 +235,26 @@ def _change(status: str | None) -> Callable[[Api, argparse.Namespace, TextIO], N
         if status == "false_positive":
             entries = sorted({f["allowlist_entry_id"] for f in incident["findings"] if f["allowlist_entry_id"]})
             out.write(f"allowlisted what its findings matched: entries {_cell(entries)}\n")
+        revoked = _revoked(incident, response.headers.get("x-request-id"))
+        if revoked is not None:
+            listed = f" ({_cell(revoked)})" if revoked else ""
+            noun = "entry" if len(revoked) == 1 else "entries"
+            out.write(f"revoked {len(revoked)} allowlist {noun}{listed} that marking it a false positive had created\n")
 
     return change
+
+
+def _revoked(incident: dict[str, Any], request_id: str | None) -> list[int] | None:
+    """The allowlist entries revoked by this change, or None if it did not take the incident out of
+    false_positive. Its findings no longer name them; its timeline does, in the events recorded under
+    this request's id (the X-Request-Id of the answer)."""
+    if request_id is None:
+        return None
+    events = [e for e in incident["timeline"] if e["request_id"] == request_id]
+    if not any(e["action"] == "status" and e["detail"].get("before") == "false_positive" for e in events):
+        return None
+    restored = (e["detail"].get("allowlist_entry_id") for e in events if e["action"] == "finding_restored")
+    return sorted({entry for entry in restored if entry is not None})
 
 
 def _impact(api: Api, args: argparse.Namespace, out: TextIO) -> None:

@@ -107,6 +107,19 @@ def test_a_responder_works_an_incident_from_the_shell(
             1,
             "409 conflict: status: an incident that is false_positive cannot become resolved, only open\n",
         )
+        code, out, _ = run(capsys, "incidents", "reopen", iid, *responder)
+        assert (code, out) == (
+            0,
+            f"incident {iid}: open, assignee alice, 1 finding\n"
+            f"revoked 1 allowlist entry ({entries.group(1)}) that marking it a false positive had created\n",
+        )
+        allowlist = httpx.get(f"{url}/v1/allowlist", headers={"Authorization": f"Bearer {admin}"}).json()
+        (entry,) = [e for e in allowlist["items"] if e["id"] == int(entries.group(1))]
+        assert entry["revoked_at"] is not None
+        assert run(capsys, "incidents", "resolve", iid, *responder)[0] == 0
+        code, out, _ = run(capsys, "incidents", "reopen", iid, *responder)  # not from false_positive: nothing said
+        assert (code, out) == (0, f"incident {iid}: open, assignee alice, 1 finding\n")
+
         code, _, err = run(capsys, "incidents", "show", "999999", *reader)
         assert (code, err) == (1, "404 not_found: no incident 999999\n")
 
