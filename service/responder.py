@@ -205,7 +205,7 @@ def _show_incident(api: Api, args: argparse.Namespace, out: TextIO) -> None:
         json.dump(incident, out, indent=2)
         out.write("\n")
         return
-    for name in (*INCIDENT_COLUMNS[1:], "opened_at", "closed_at", "notes"):
+    for name in (*INCIDENT_COLUMNS, "opened_at", "closed_at", "notes"):
         out.write(f"{name + ':':19}{_cell(incident.get(name))}\n")
     out.write(f"\nfindings ({len(incident['findings'])}):\n")
     _table(incident["findings"], INCIDENT_FINDING_COLUMNS, out)

@@ -70,6 +70,7 @@ def test_a_responder_works_an_incident_from_the_shell(
 
         code, out, _ = run(capsys, "incidents", "show", iid, *reader)
         assert code == 0
+        assert out.splitlines()[:2] == [f"id:                {iid}", "status:            open"]
         assert "globex-1" in out
         assert "opened" in out
 
