@@ -246,6 +246,9 @@ def _canary(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    import httpx
+
+    from bleedwatch.client import Undelivered
     from service.tools.replay import replay_file
 
     keys = _client_args(args, "ingest")
@@ -258,6 +261,9 @@ def _replay(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # the file: unreadable, or a line that is no exchange
         print(f"bleedwatch replay: {exc}", file=sys.stderr)
         return 2
+    except Undelivered as exc:  # down, or busy past every retry: the SDK's message does not say where
+        print(f"bleedwatch replay: sending to bleedwatch at {_origin(httpx.URL(args.url))}: {exc}", file=sys.stderr)
+        return 1
     print(
         f"sent {counted(result.sent, 'exchange')}: {result.accepted} accepted, "
         f"{counted(result.duplicates, 'duplicate')}, findings created or extended {counted(result.findings, 'time')}, "
@@ -505,6 +511,11 @@ def _where(exc: httpx.RequestError) -> str:
         url = exc.request.url
     except RuntimeError:  # no request attached
         return "the server"
+    return _origin(url)
+
+
+def _origin(url: httpx.URL) -> str:
+    """Scheme, host and port: no path, and no user or password from the URL."""
     return f"{url.scheme}://{url.netloc.decode()}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from alembic.script import ScriptDirectory
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from bleedwatch.client import BleedwatchClient
 from service.app import create_app
 from service.cli import main
 from service.config import Settings
@@ -134,6 +136,22 @@ def test_replay_finds_the_leak_in_a_traffic_file(
         assert "0 accepted, 2 duplicates" in capsys.readouterr().out
         items = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read}"}).json()["items"]
     assert [(f["source_tenant"], f["recipient_tenant"], f["node"]) for f in items] == [("a", "b", "n7")]
+
+
+def test_replay_to_a_server_that_is_down_names_it(
+    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("service.tools.replay.BleedwatchClient", functools.partial(BleedwatchClient, max_attempts=1))
+    traffic = tmp_path / "traffic.jsonl"
+    line = {"ts": 1, "tenant": "a", "request_id": "r", "model": "m", "prompt": words("csv"), "response": "r"}
+    traffic.write_bytes(orjson.dumps(line) + b"\n")
+    key_file = tmp_path / "key.hex"
+    key_file.write_text(KEY.hex())
+    url = "http://user:secret@127.0.0.1:9/"
+    assert main(["replay", str(traffic), "--url", url, "--api-key", "bw_a_b", "--key-file", str(key_file)]) == 1
+    err = capsys.readouterr().err
+    assert "bleedwatch replay: sending to bleedwatch at http://127.0.0.1:9: 1 exchanges not delivered: network" in err
+    assert "secret" not in err
 
 
 def test_replay_without_keys_explains(embedded_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
