@@ -37,6 +37,8 @@ QUIET_ROUTES = frozenset({"/metrics", "/healthz", "/readyz"})
 
 _request_id: ContextVar[str | None] = ContextVar("bleedwatch_http_request_id", default=None)
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# uvicorn's extra: the event again, with terminal colour codes, for its own coloured formatter.
+_DROPPED_EXTRAS = frozenset({"color_message"})
 
 access_log = logging.getLogger("bleedwatch.access")
 
@@ -73,7 +75,7 @@ class JsonFormatter(logging.Formatter):
         if trace is not None:
             out["trace_id"], out["span_id"] = trace
         for key, value in vars(record).items():
-            if key not in _RECORD_FIELDS and not key.startswith("_"):
+            if key not in _RECORD_FIELDS and key not in _DROPPED_EXTRAS and not key.startswith("_"):
                 out[key] = value
         if record.exc_info and record.exc_info[0] is not None:
             exc_type, _, tb = record.exc_info

@@ -45,6 +45,17 @@ def test_json_formatter_writes_one_object_per_line_with_extra_fields() -> None:
     assert out["ts"].endswith("+00:00")
 
 
+def test_uvicorns_coloured_copy_of_the_event_is_left_out() -> None:
+    record = _record("Started server process [%d]", color_message="Started server process [\x1b[36m%d\x1b[0m]")
+    record.args = (7,)
+    for formatter in (JsonFormatter(), TextFormatter()):
+        text = formatter.format(record)
+        assert "Started server process [7]" in text
+        assert "color_message" not in text
+        assert "\x1b" not in text
+        assert "\\u001b" not in text
+
+
 def test_exceptions_keep_type_and_stack_but_never_the_message() -> None:
     secret = "-".join(("acme", "secret"))
     try:
@@ -170,6 +181,7 @@ def test_bleedwatch_serve_logs_json_lines_without_raw_paths(tmp_path: Path) -> N
         out, _ = proc.communicate(timeout=20)
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert any(line["event"] == "Application startup complete." for line in lines)
+    assert not [line for line in lines if "color_message" in line]
     access = [line for line in lines if line["event"] == "http_request"]
     assert [(a["method"], a["route"], a["status"]) for a in access] == [("GET", "/v1/findings", 401)]
     assert access[0]["http_request_id"] == resp.headers["x-request-id"]
