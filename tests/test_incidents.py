@@ -229,6 +229,10 @@ async def test_impact_report_json_and_csv(api: Api) -> None:
         assert {r["recipient_request_id"] for r in rows} == {
             r["recipient_request_id"] for p in report["pairs"] for r in p["responses"]
         }
+        # Times as the JSON report writes them (...Z), not Python's ...+00:00.
+        assert {(r["response_at"], r["detected_at"]) for r in rows} == {
+            (r["response_at"], r["detected_at"]) for p in report["pairs"] for r in p["responses"]
+        }
     for accept, kind in (
         ("text/csv;q=0, application/json", "application/json"),  # refused outright
         ("application/json, text/csv;q=0.5", "application/json"),

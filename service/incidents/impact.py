@@ -172,7 +172,11 @@ async def report(session: AsyncSession, incident: Incident) -> ImpactReport:
 
 
 def _cell(value: object) -> str:
-    return safe_cell("" if value is None else value.isoformat() if isinstance(value, datetime) else str(value))
+    """Times in UTC as the JSON answers write them (pydantic's ``...Z``, not Python's ``+00:00``), so
+    that a CSV row and the JSON report of the same response match as text."""
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    return safe_cell("" if value is None else str(value))
 
 
 def to_csv(report: ImpactReport) -> str:
