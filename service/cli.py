@@ -34,6 +34,8 @@ def _serve(args: argparse.Namespace) -> int:
     from service.config import Settings
 
     settings = Settings()
+    if settings.needs_data_dir:  # here, not in the app's startup, where it would end in uvicorn's traceback
+        settings.make_data_dir()
     if settings.embedded and settings.workers > 1:
         print(
             "the embedded index lives in one process: set BLEEDWATCH_REDIS_URL to run several workers", file=sys.stderr
@@ -75,6 +77,8 @@ def _work(args: argparse.Namespace) -> int:
     except WorkerUnfit as exc:
         print(exc, file=sys.stderr)
         return 2
+    if settings.needs_data_dir:
+        settings.make_data_dir()
     uvicorn.run(
         "service.work:create_worker_app",
         factory=True,
@@ -453,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from bleedwatch.client import Rejected, Undelivered
     from service.allowlist.upload import Refused
+    from service.config import DataDirUnusable
 
     args = parser().parse_args(argv)
     if args.command != "serve":
@@ -471,6 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = str(error["msg"]).removeprefix("Value error, ")
             named = not where or message.startswith("BLEEDWATCH_")
             print(f"bleedwatch: {'' if named else f'BLEEDWATCH_{where.upper()}: '}{message}", file=sys.stderr)
+        return 2
+    except DataDirUnusable as exc:
+        print(f"bleedwatch {args.command}: {exc}", file=sys.stderr)
         return 2
     except httpx.RequestError as exc:  # the service or an engine is down, or the URL points elsewhere
         print(

@@ -16,6 +16,10 @@ from service.webhooks import targets as paging
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 
 
+class DataDirUnusable(Exception):
+    """BLEEDWATCH_DATA_DIR cannot be created: the directory and the OS error, printed as one line."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BLEEDWATCH_", extra="ignore")
 
@@ -220,6 +224,22 @@ class Settings(BaseSettings):
     def generation_seconds(self) -> int:
         """Generations are whole keys that expire together; see docs/capacity.md."""
         return -(-self.retention_seconds // (self.index_generations - 1))
+
+    @property
+    def needs_data_dir(self) -> bool:
+        """The embedded SQLite file, or the audit digests' key file, lives there."""
+        return self.database_url is None or self.audit_secret is None
+
+    def make_data_dir(self) -> Path:
+        """The data directory, created if missing; a path that cannot be (under a file, read-only,
+        not allowed) raised as one line naming it, not a traceback from pathlib."""
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataDirUnusable(
+                f"BLEEDWATCH_DATA_DIR {self.data_dir}: cannot create it: {exc.strerror or type(exc).__name__}"
+            ) from None
+        return self.data_dir
 
     def sqlalchemy_url(self, *, asynchronous: bool) -> str:
         url = self.database_url or f"sqlite:///{(self.data_dir / 'bleedwatch.db').resolve()}"

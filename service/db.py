@@ -74,7 +74,7 @@ def make_engine(settings: Settings) -> AsyncEngine:
     url = settings.sqlalchemy_url(asynchronous=True)
     # Called through the module, where the tracing instrumentation wraps it (service/tracing.py).
     if url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.make_data_dir()
         return sqlalchemy.ext.asyncio.create_async_engine(url, connect_args={"timeout": 30})
     return sqlalchemy.ext.asyncio.create_async_engine(
         url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_timeout=10

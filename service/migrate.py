@@ -26,7 +26,7 @@ def alembic_config(settings: Settings) -> Config:
     cfg.set_main_option("file_template", "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s")
     cfg.attributes["sqlalchemy_url"] = settings.sqlalchemy_url(asynchronous=False)
     if settings.database_url is None:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.make_data_dir()
     return cfg
 
 

@@ -18,7 +18,7 @@ from bleedwatch.client import BleedwatchClient
 from service.app import create_app
 from service.cli import main
 from service.config import Settings
-from service.local_server import local_server
+from service.local_server import free_port, local_server
 from service.migrate import describe, migrations_dir
 from tests.traffic import KEY, words
 
@@ -136,6 +136,21 @@ def test_replay_finds_the_leak_in_a_traffic_file(
         assert "0 accepted, 2 duplicates" in capsys.readouterr().out
         items = httpx.get(f"{url}/v1/findings", headers={"Authorization": f"Bearer {read}"}).json()["items"]
     assert [(f["source_tenant"], f["recipient_tenant"], f["node"]) for f in items] == [("a", "b", "n7")]
+
+
+@pytest.mark.parametrize("command", [["keys", "create", "--name", "x", "--role", "read"], ["migrate"], ["serve"]])
+def test_a_data_directory_that_cannot_be_created_is_one_line(
+    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("BLEEDWATCH_DATA_DIR", str(tmp_path / "file" / "data"))
+        env.setenv("BLEEDWATCH_PORT", str(free_port()))
+        assert main(command) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"bleedwatch {command[0]}: BLEEDWATCH_DATA_DIR {tmp_path}/file/data: cannot create it: Not a directory\n"
+    )
 
 
 def test_replay_to_a_server_that_is_down_names_it(

@@ -46,11 +46,10 @@ def configure(settings: Settings) -> None:
         return
     if settings.database_url is not None:
         log.warning("audit_secret_from_data_dir")  # fine on one host; replicas need BLEEDWATCH_AUDIT_SECRET
-    _secret = _file_secret(settings.data_dir / KEY_FILE)
+    _secret = _file_secret(settings.make_data_dir() / KEY_FILE)
 
 
 def _file_secret(path: Path) -> bytes:
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
