@@ -179,7 +179,7 @@ async def test_a_held_finding_that_keeps_failing_is_moved_aside_and_can_be_put_b
         assert (await box.size(), await box.dead_size()) == (1, 0)
         async with session_scope(make_sessionmaker(engine)) as session:
             rows, _ = await findings_store.page(session, findings_store.FindingFilter(), None, 10)
-        assert {f.recipient_request_id for f in rows} == {"r-good", "r-later"}
+        assert {r.finding.recipient_request_id for r in rows} == {"r-good", "r-later"}
     finally:
         await engine.dispose()
 

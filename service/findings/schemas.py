@@ -3,9 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.findings.severity import SeverityField
+from service.incidents.schemas import Status
 
 
 class FindingOut(BaseModel):
@@ -32,6 +33,18 @@ class FindingOut(BaseModel):
     score: float
     severity: SeverityField
     evidence: dict[str, Any]
+    incident_id: int | None = Field(
+        description="The incident it is in; null only for a finding stored before incidents existed."
+    )
+    incident_status: Status | None = Field(
+        description="That incident's status: open and acknowledged are live, resolved and false_positive closed."
+    )
+    false_positive: bool = Field(
+        description="A responder marked this finding a false positive, on its own or with its whole incident."
+    )
+
+
+TRIAGE = frozenset({"incident_id", "incident_status", "false_positive"})  # from its incident, not the findings row
 
 
 class FindingPage(BaseModel):

@@ -1,10 +1,20 @@
 from __future__ import annotations
 
 import enum
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from bleedwatch.names import NAME_PATTERN
@@ -21,6 +31,30 @@ class Status(enum.StrEnum):
     RESOLVED = "resolved"
     FALSE_POSITIVE = "false_positive"
 
+
+_ONE_STATUS = "|".join(s.value for s in Status)
+STATUSES_PATTERN = f"^({_ONE_STATUS})(,({_ONE_STATUS}))*$"
+
+
+def _statuses(value: str) -> str:
+    """The pattern, checked with a sentence that names the statuses (pydantic's would quote the regex)."""
+    if re.fullmatch(STATUSES_PATTERN, value) is None:
+        raise ValueError(f"one or more of {', '.join(Status)}, separated by commas")
+    return value
+
+
+def statuses(value: str) -> tuple[str, ...]:
+    """A ``Statuses`` value as the statuses it names, each once."""
+    return tuple(dict.fromkeys(value.split(",")))
+
+
+# A query filter on several statuses, ``open,acknowledged``: the schema gives its exact shape, so
+# every value it admits is a filter, and anything else is a 422 that lists the statuses.
+Statuses = Annotated[
+    str,
+    AfterValidator(_statuses),
+    WithJsonSchema({"type": "string", "pattern": STATUSES_PATTERN, "examples": ["open,acknowledged"]}),
+]
 
 # Every allowed step; anything else is 409. Reverting a false positive (to open) revokes what it allowlisted.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
