@@ -161,6 +161,9 @@ INCIDENT_COLUMNS = [
 FINDING_COLUMNS = [
     "id",
     "severity",
+    "incident_id",
+    "incident_status",
+    "false_positive",
     "model",
     "deployment",
     "node",
@@ -173,6 +176,9 @@ FINDING_COLUMNS = [
 INCIDENT_FINDING_COLUMNS = [
     "id",
     "severity",
+    "incident_id",
+    "incident_status",
+    "false_positive",
     "source_tenant",
     "recipient_tenant",
     "recipient_request_id",
@@ -287,8 +293,21 @@ def _list_findings(api: Api, args: argparse.Namespace, out: TextIO) -> None:
         "recipient_tenant": args.recipient_tenant,
         "since": args.since,
         "until": args.until,
+        "incident_status": args.incident_status or (LIVE if args.live else None),
+        "false_positive": "false" if args.live else None,
     }
     _emit(list(api.pages("/v1/findings", params, args.limit)), FINDING_COLUMNS, args, out)
+
+
+LIVE = "open,acknowledged"  # what --live keeps, with no finding marked false positive
+
+
+def statuses(value: str) -> str:
+    """``open,acknowledged``: refused here unless each is a status, as the API would refuse it."""
+    known = [s.value for s in Status]
+    if not value or any(v not in known for v in value.split(",")):
+        raise argparse.ArgumentTypeError(f"{value!r}: give one or more of {', '.join(known)}, separated by commas")
+    return value
 
 
 def _show_finding(api: Api, args: argparse.Namespace, out: TextIO) -> None:
@@ -364,6 +383,18 @@ def add_parsers(sub: Any) -> None:
     fl.add_argument("--recipient-tenant")
     fl.add_argument("--since", type=moment, help="detected at or after: ISO 8601, or 30m, 2h, 7d ago")
     fl.add_argument("--until", type=moment)
+    fl.add_argument(
+        "--incident-status",
+        type=statuses,
+        metavar="STATUS[,STATUS]",
+        help=f"only findings whose incident has one of these: {', '.join(s.value for s in Status)}",
+    )
+    fl.add_argument(
+        "--live",
+        action="store_true",
+        help=f"leave out what responders closed: findings marked false positive and, unless --incident-status "
+        f"says otherwise, those of incidents not {LIVE.replace(',', ' or ')}",
+    )
     fl.add_argument("--limit", type=int, default=100, help="at most this many (pages are followed)")
     _output(fl)
     fl.set_defaults(action=_list_findings)

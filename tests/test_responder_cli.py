@@ -186,3 +186,62 @@ def test_csv_cells_are_never_formulas() -> None:
         ["id", "source_tenants", "assignee", "notes"],
         ["3", '\'=HYPERLINK("http://x"),acme', "", "'-1+2"],
     ]
+
+
+def test_findings_list_shows_the_incident_and_leaves_out_what_was_closed(
+    embedded_env: Settings,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A finding of an incident marked false positive was listed like a live one, so on-call
+    triaged it again: each row now names its incident, the incident's status and the finding's
+    own mark, and ``--live`` leaves such findings out."""
+    assert main(["migrate"]) == 0
+    _, ingest = create(capsys, "ingest")
+    _, read = create(capsys, "read")
+    _, triage = create(capsys, "triage")
+    now = time.time()
+    batch = [
+        exchange("acme", "acme-1", words("argparse"), words("heapq", 0, 60), now - 5, deployment="pd-1"),
+        exchange("globex", "globex-1", words("csv"), words("argparse", 100, 160), now, deployment="pd-1"),
+        exchange("hooli", "hooli-1", words("json"), words("sqlite3", 0, 60), now - 5, deployment="pd-2"),
+        exchange("initech", "initech-1", words("socket"), words("json", 100, 160), now, deployment="pd-2"),
+    ]
+    with local_server(create_app(embedded_env)) as url:
+        posted = httpx.post(
+            f"{url}/v1/exchanges", json={"exchanges": batch}, headers={"Authorization": f"Bearer {ingest}"}
+        )
+        assert posted.status_code == 202, posted.text
+        reader = ("--url", url, "--api-key", read)
+        code, out, _ = run(capsys, "findings", "list", "--json", *reader)
+        by_recipient = {f["recipient_tenant"]: f for f in json.loads(out)}
+        dismissed, live = by_recipient["globex"], by_recipient["initech"]
+        assert (
+            main(["incidents", "false-positive", str(dismissed["incident_id"]), "--url", url, "--api-key", triage]) == 0
+        )
+        capsys.readouterr()
+
+        code, out, _ = run(capsys, "findings", "list", *reader)
+        header, *rows = out.splitlines()
+        assert header.split()[:5] == ["id", "severity", "incident_id", "incident_status", "false_positive"]
+        cells = {row.split()[0]: row.split()[2:5] for row in rows}
+        assert cells == {
+            str(dismissed["id"]): [str(dismissed["incident_id"]), "false_positive", "True"],
+            str(live["id"]): [str(live["incident_id"]), "open", "False"],
+        }
+        code, out, _ = run(capsys, "findings", "list", "--csv", *reader)
+        by_id = {r["id"]: r for r in csv.DictReader(io.StringIO(out))}
+        assert (by_id[str(dismissed["id"])]["incident_status"], by_id[str(dismissed["id"])]["false_positive"]) == (
+            "false_positive",
+            "True",
+        )
+
+        code, out, err = run(capsys, "findings", "list", "--live", "--json", *reader)
+        assert code == 0, err
+        assert [f["id"] for f in json.loads(out)] == [live["id"]]
+        code, out, _ = run(capsys, "findings", "list", "--incident-status", "false_positive,resolved", "--csv", *reader)
+        assert [r["id"] for r in csv.DictReader(io.StringIO(out))] == [str(dismissed["id"])]
+
+    with pytest.raises(SystemExit) as exit_:  # refused before any call, naming the statuses
+        main(["findings", "list", "--incident-status", "closed", "--url", "http://127.0.0.1:9", "--api-key", "bw_a_b"])
+    assert exit_.value.code == 2
+    assert "'closed': give one or more of open, acknowledged, resolved, false_positive" in capsys.readouterr().err
