@@ -154,7 +154,7 @@ async def test_actions_change_the_incident_like_patch_and_false_positive_allowli
         assert (await act("status", status="resolved")).status_code == 303
         conflict = await act("status", status="acknowledged")
         assert conflict.status_code == 409
-        assert "an incident that is resolved can become false_positive, open" in conflict.text
+        assert "an incident that is resolved cannot become acknowledged, only false_positive or open" in conflict.text
         assert (await act("status", status="false_positive")).status_code == 303
         missing = await client.post("/ui/incidents/999999/status", data={"csrf": csrf, "status": "open"})
         assert missing.status_code == 404
