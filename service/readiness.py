@@ -13,10 +13,9 @@ from __future__ import annotations
 import functools
 
 import redis.exceptions
-import sqlalchemy
 import sqlalchemy.exc
+from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.index.base import Index
@@ -63,6 +62,5 @@ async def checks(index: Index, engine: AsyncEngine) -> dict[str, str]:
 
 
 async def _version(conn: AsyncConnection) -> str | None:
-    if not await conn.run_sync(lambda sync: sqlalchemy.inspect(sync).has_table("alembic_version")):
-        return None
-    return (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+    """As ``bleedwatch migrate`` reads it (``migrate.revision``): Alembic's own version table lookup."""
+    return await conn.run_sync(lambda sync: MigrationContext.configure(sync).get_current_revision())

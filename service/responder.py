@@ -24,7 +24,7 @@ from typing import Any, TextIO, get_args
 import httpx
 
 from service.findings.severity import Severity
-from service.incidents.schemas import Order, Sort, Status
+from service.incidents.schemas import STATUSES_PATTERN, Order, Sort, Status
 from service.spreadsheet import safe_cell
 
 PAGE = 500  # the API's largest page
@@ -304,9 +304,9 @@ LIVE = "open,acknowledged"  # what --live keeps, with no finding marked false po
 
 def statuses(value: str) -> str:
     """``open,acknowledged``: refused here unless each is a status, as the API would refuse it."""
-    known = [s.value for s in Status]
-    if not value or any(v not in known for v in value.split(",")):
-        raise argparse.ArgumentTypeError(f"{value!r}: give one or more of {', '.join(known)}, separated by commas")
+    if re.fullmatch(STATUSES_PATTERN, value) is None:
+        known = ", ".join(s.value for s in Status)
+        raise argparse.ArgumentTypeError(f"{value!r}: give one or more of {known}, separated by commas")
     return value
 
 
