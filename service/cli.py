@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, key_from_hex
 from service.auth.keys import Role
+from service.plural import counted
 from service.responder import add_parsers as add_responder_parsers
-from service.responder import counted
 from service.tools.sim.cli import add_parser as add_sim_parser
 from service.tools.sim.cli import key_file
 
@@ -211,12 +211,12 @@ def _allowlist(args: argparse.Namespace) -> int:
             return 2
         done = "added" if result.sent else "already imported, nothing sent"
     if result.entry is None:
-        print(f"nothing to allowlist: {result.texts} texts gave no fingerprints ({result.seconds:.1f} s)")
+        print(f"nothing to allowlist: {counted(result.texts, 'text')} gave no fingerprints ({result.seconds:.1f} s)")
         return 0
     e = result.entry
     print(
-        f"allowlist entry {e['id']} ({e['label']}): {done}; {result.texts:,} texts, "
-        f"{result.fingerprints:,} distinct fingerprints, {e['fingerprint_count']:,} in the entry; "
+        f"allowlist entry {e['id']} ({e['label']}): {done}; {counted(result.texts, 'text')}, "
+        f"{counted(result.fingerprints, 'distinct fingerprint')}, {e['fingerprint_count']:,} in the entry; "
         f"{result.seconds:.1f} s"
     )
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from service.config import Settings
 from service.index.factory import make_index
 from service.ingest.worker import RECLAIM_COUNT
+from service.plural import counted
 
 
 async def queue_command(command: str) -> int:
@@ -25,13 +26,15 @@ async def queue_command(command: str) -> int:
             moved = 0
             while batch := await queue.requeue_dead(RECLAIM_COUNT * 10):
                 moved += batch
-            print(f"{moved} dead letters put back in the queue")
+            print(f"{counted(moved, 'dead letter')} put back in the queue")
             moved = 0
             while batch := await outbox.requeue_dead(RECLAIM_COUNT * 10):
                 moved += batch
-            print(f"{moved} held findings put back in the findings outbox")
-        print(f"{await queue.size()} batches queued, {await queue.dead_size()} dead letters")
-        print(f"{await outbox.size()} findings held, {await outbox.dead_size()} dead letters")
+            print(f"{counted(moved, 'held finding')} put back in the findings outbox")
+        queued, dead = await queue.size(), await queue.dead_size()
+        print(f"{counted(queued, 'batch', 'batches')} queued, {counted(dead, 'dead letter')}")
+        held, dead = await outbox.size(), await outbox.dead_size()
+        print(f"{counted(held, 'finding')} held, {counted(dead, 'dead letter')}")
     finally:
         await index.close()
     return 0

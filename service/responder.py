@@ -25,6 +25,7 @@ import httpx
 
 from service.findings.severity import Severity
 from service.incidents.schemas import STATUSES_PATTERN, Order, Sort, Status
+from service.plural import counted
 from service.spreadsheet import safe_cell
 
 PAGE = 500  # the API's largest page
@@ -100,11 +101,6 @@ class Api:
             if page["next_cursor"] is None or not page["items"]:
                 return
             query["cursor"] = page["next_cursor"]
-
-
-def counted(n: int, noun: str) -> str:
-    """``1 finding``, ``2 findings``: the nouns printed here all take a plain ``s``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _detail(response: httpx.Response) -> str:

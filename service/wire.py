@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
 from service.errors import Invalid, PayloadTooLarge
+from service.plural import counted
 
 EPOCH_SECONDS_LIMIT = 10**10  # |seconds| below this: years 1653 to 2286, and 16 digits of microseconds (cursors)
 MOMENT_SCHEMA = {
@@ -147,7 +148,9 @@ def decode_text(text: Text, where: str, max_fingerprints: int) -> Decoded:
             "(BLEEDWATCH_MAX_FINGERPRINTS_PER_TEXT); enable sampling in the SDK for long texts"
         )
     if len(values) != len(offsets):
-        raise Invalid(f"{where}: {len(values)} fingerprints but {len(offsets)} offsets; they must pair up")
+        raise Invalid(
+            f"{where}: {counted(len(values), 'fingerprint')} but {counted(len(offsets), 'offset')}; they must pair up"
+        )
     if len(offsets) and int(offsets[-1]) >= max(text.token_count, 1):
         raise Invalid(f"{where}.offsets: an offset is not below token_count ({text.token_count})")
     if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):

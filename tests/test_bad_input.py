@@ -100,6 +100,10 @@ async def test_too_many_fingerprints_is_413(small_api: Api) -> None:
         ({"prompt__fingerprints": "not base64!"}, "exchanges[0].prompt.fingerprints"),
         ({"prompt__fingerprints": base64.b64encode(b"1234567").decode()}, "exchanges[0].prompt.fingerprints"),
         ({"response__offsets": base64.b64encode(b"\0" * 4).decode()}, "exchanges[0].response"),
+        (
+            {"response__fingerprints": [1], "response__offsets": [0, 1]},
+            "exchanges[0].response: 1 fingerprint but 2 offsets; they must pair up",
+        ),
         ({"response__token_count": 3}, "exchanges[0].response.offsets"),
         ({"prompt__fingerprints": [-1]}, "exchanges[0].prompt.fingerprints"),
         ({"tenant": ""}, "exchanges[0].tenant"),

@@ -165,7 +165,7 @@ def test_replay_to_a_server_that_is_down_names_it(
     url = "http://user:secret@127.0.0.1:9/"
     assert main(["replay", str(traffic), "--url", url, "--api-key", "bw_a_b", "--key-file", str(key_file)]) == 1
     err = capsys.readouterr().err
-    assert "bleedwatch replay: sending to bleedwatch at http://127.0.0.1:9: 1 exchanges not delivered: network" in err
+    assert "bleedwatch replay: sending to bleedwatch at http://127.0.0.1:9: 1 exchange not delivered: network" in err
     assert "secret" not in err
 
 
@@ -240,13 +240,13 @@ def test_demo_catches_its_leak(capsys: pytest.CaptureFixture[str]) -> None:
     assert "681,280 tokens for a 1,048,576-token context" in buggy
     assert "critical kv_pool_below_context_length: the prefill KV pool holds 681,280 tokens" in buggy
     assert "HTTP answers: 24 x 200" in buggy
-    assert re.search(r"bleedwatch: [1-9]\d* finding\(s\)", buggy)
+    assert re.search(r"bleedwatch: (1 finding|[2-9] findings|[1-9]\d+ findings)\n", buggy)
     assert re.search(r"\w+'s prompt text reached \w+ in chatcmpl-\w+", buggy)
     assert "deployment sim-pd-1, node decode-" in buggy
     assert re.search(r"every leak the engine knows of: (\d+)/\1 found, \1 with the right source", buggy)
     assert 'bleedwatch_deployment_risk_violations{rule="kv_pool_below_context_length"} 2.0' in buggy
     assert "HTTP answers: 20 x 200, 4 x 400" in fixed
-    assert "bleedwatch: 0 finding(s)" in fixed
+    assert "bleedwatch: 0 findings\n" in fixed
     assert "as expected" in fixed
 
 

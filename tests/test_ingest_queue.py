@@ -124,13 +124,13 @@ async def test_an_async_answer_comes_before_processing_and_the_finding_follows(a
 @pytest.mark.parametrize("settings", BACKENDS, indirect=True)
 async def test_a_full_queue_refuses_with_503_and_keeps_nothing(api: Api) -> None:
     ingestor: Ingestor = deps(api).ingestor
-    ingestor.queue_max_batches = 0
+    ingestor.queue_max_batches, ingestor.queue_max_bytes = 0, 1
     resp = await api.client.post(
         "/v1/exchanges", json={"exchanges": traffic(time.time())["source"]}, headers=api.headers(Role.INGEST)
     )
     assert resp.status_code == 503
     assert resp.headers["retry-after"]
-    assert "the ingest queue is full" in resp.json()["detail"]
+    assert "the ingest queue is full (at most 0 batches or 1 byte wait" in resp.json()["detail"]
     assert await deps(api).index.queue().size() == 0
 
 

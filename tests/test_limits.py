@@ -80,6 +80,11 @@ async def test_new_tenants_per_ingest_key_are_limited_per_exchange(settings: Set
         assert all(0 < results[i]["retry_after"] <= 60 for i in (3, 5))
         assert {r["retry_after"] for i, r in enumerate(results) if i not in (3, 5)} == {None}
         assert metrics.EXCHANGES_REJECTED.labels("too_many_new_tenants")._value.get() - before == 2
+    one = settings.model_copy(update={"new_tenants_per_key_per_minute": 1})
+    async with running_api(one) as api:
+        batch = [exchange(f"one-{i}", "r", words("csv"), words("heapq"), time.time()) for i in range(2)]
+        resp = await api.client.post("/v1/exchanges", json={"exchanges": batch}, headers=api.headers(Role.INGEST))
+        assert "this API key sent more than 1 tenant not seen before" in resp.json()["results"][1]["detail"]
     off = settings.model_copy(update={"new_tenants_per_key_per_minute": 0})
     async with running_api(off) as api:
         batch = [exchange(f"t-{i}", "r", words("csv"), words("heapq"), time.time()) for i in range(5)]

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from service.incidents import store as incidents
 from service.incidents.schemas import IncidentPatch, Status
 from service.local_server import local_server
 from service.webhooks import targets as paging
+from service.webhooks.formats import Snapshot, summary
 from service.webhooks.models import WebhookDelivery
 from service.webhooks.sender import paging_routes
 from tests.conftest import Api, running_api
@@ -416,6 +418,28 @@ async def test_no_event_for_a_change_rolled_back(settings: Settings, receivers: 
     finally:
         await engine.dispose()
     assert count == 3  # the opened events only: the resolve went with its transaction
+
+
+def test_a_summary_without_tenant_names_counts_them_in_words() -> None:
+    """Tenant names left out (``include_tenants = false``), one recipient tenant is not "tenants"."""
+    now = datetime.now(UTC)
+    incident = Snapshot(
+        id=7,
+        status="open",
+        severity="high",
+        model="m-1m",
+        deployment=None,
+        opened_at=now,
+        first_seen_at=now,
+        last_seen_at=now,
+        finding_count=1,
+        source_tenants=["acme", "initech"],
+        recipient_tenants=["globex"],
+        links={},
+    )
+    assert summary("incident.opened", incident, tenants=False) == (
+        "[HIGH] bleedwatch incident 7 cross-tenant leak on m-1m: 1 finding; 2 source, 1 recipient tenant"
+    )
 
 
 def test_targets_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

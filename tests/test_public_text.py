@@ -214,6 +214,13 @@ def test_allowlist_add_takes_files_and_directories_in_chunks(
     actions = [e["action"] for e in audit]
     assert actions[-1] == "allowlist.add"
     assert actions.count("allowlist.append") == -(-expected // 100) - 1
+    # Counts of one in the singular: a text too short for a fingerprint, and one with a single one.
+    write(tmp_path / "one" / "short.txt", "too short")
+    assert service.cli("allowlist", "add", str(tmp_path / "one" / "short.txt")) == 0
+    assert capsys.readouterr().out.startswith("nothing to allowlist: 1 text gave no fingerprints (")
+    write(tmp_path / "one" / "line.txt", "too short to fingerprint")
+    assert service.cli("allowlist", "add", str(tmp_path / "one" / "line.txt")) == 0
+    assert "added; 1 text, 1 distinct fingerprint, 1 in the entry" in capsys.readouterr().out
 
 
 def post(service: Service, exchange: dict[str, Any]) -> None:

@@ -153,18 +153,24 @@ async def test_purge_and_prune_from_the_cli(
         assert len((await get(api, "/v1/findings", role=Role.READ))["items"]) == 1
         # Told the server is stopped (its index gone with it), the database is all there is to purge.
         assert await asyncio.to_thread(main, ["tenants", "purge", "globex", "--yes", "--database-only"]) == 0
-        assert "1 findings deleted" in capsys.readouterr().out
+        assert "purged: 1 finding deleted, 0 scrubbed, 1 incident deleted" in capsys.readouterr().out
     else:  # the recipient's prompt and response
         assert purge == 0
-        assert "1 findings deleted" in out.out
-        assert "1 incidents deleted" in out.out
+        assert "purged: 1 finding deleted, 0 scrubbed, 1 incident deleted, 0 updated" in out.out
         assert "index: 2 documents deleted, 0 queued batches rewritten, 0 held findings removed" in out.out
         deps = api.client._transport.app.state.deps  # type: ignore[attr-defined]
         assert list(await deps.index.purged(["globex", "acme"])) == ["globex"]
     assert await asyncio.to_thread(main, ["prune"]) == 0
     assert "pruned 0 findings (older than 90 days)" in capsys.readouterr().out
+    monkeypatch.setenv("BLEEDWATCH_FINDINGS_RETENTION_DAYS", "1")
+    assert await asyncio.to_thread(main, ["prune"]) == 0
+    assert "pruned 0 findings (older than 1 day), 0 closed incidents (365 days)" in capsys.readouterr().out
     entries = (await get(api, "/v1/audit", role=Role.ADMIN))["items"]
-    assert [(e["key_id"], e["action"]) for e in entries][:2] == [("cli", "retention.prune"), ("cli", "tenants.purge")]
+    assert [(e["key_id"], e["action"]) for e in entries][:3] == [
+        ("cli", "retention.prune"),
+        ("cli", "retention.prune"),
+        ("cli", "tenants.purge"),
+    ]
 
 
 def held_draft(recipient: str, source: str, minor: str | None, response_at: float) -> bytes:

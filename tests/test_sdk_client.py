@@ -210,6 +210,20 @@ async def test_exchanges_deferred_past_the_attempts_are_kept_not_dropped() -> No
     assert (client.accepted, client.dropped) == (2, 0)
 
 
+async def test_one_exchange_is_said_in_the_singular(caplog: pytest.LogCaptureFixture) -> None:
+    deferred = {"status": "rejected", "error": "too_many_new_tenants", "retry_after": 0}
+    refused = {"status": "rejected", "error": "invalid", "detail": "exchanges[1].ts: ..."}
+    script = Script([(202, {})], results=[[deferred, refused]])
+    with local_server(script.app()) as url:
+        client = BleedwatchClient(url, "bw_k_s", max_attempts=1)
+        for ex in batch(2):
+            await client.submit(ex)
+        with pytest.raises(Undelivered, match=r"^1 exchange not delivered: deferred by the service 1 time$"):
+            await client.flush()
+        await client.aclose()  # the service takes it now
+    assert "bleedwatch: 1 exchange dropped (rejected:invalid: exchanges[1].ts: ...)" in caplog.messages
+
+
 @pytest.mark.parametrize("scripted", [[(202, {})]], indirect=True)
 async def test_names_and_sizes_the_service_would_refuse_never_travel(scripted: tuple[str, Script]) -> None:
     url, script = scripted

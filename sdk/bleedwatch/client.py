@@ -65,6 +65,11 @@ _ERROR_CODE = re.compile(r"^[a-z_]{1,32}$")  # a service's error codes; anything
 _BODY_FRAME = len('{"exchanges":[]}')
 
 
+def _counted(n: int, noun: str) -> str:
+    """``1 exchange``, ``2 exchanges``: the service's ``counted``, which the SDK cannot import."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class Rejected(Exception):
     """The service refused the batch for a reason retrying will not fix."""
 
@@ -79,7 +84,7 @@ class Undelivered(Exception):
     """The batch was not accepted within the retry budget; it is attached for the caller to keep."""
 
     def __init__(self, batch: list[dict[str, Any]], cause: str) -> None:
-        super().__init__(f"{len(batch)} exchanges not delivered: {cause}")
+        super().__init__(f"{_counted(len(batch), 'exchange')} not delivered: {cause}")
         self.batch = batch
 
 
@@ -337,11 +342,13 @@ class BleedwatchClient:
                 return True
             batch = again
             if attempt + 1 < self._max_attempts:
-                log.warning("bleedwatch: %d exchanges deferred by the service; again in %.0fs", len(batch), wait)
+                log.warning(
+                    "bleedwatch: %s deferred by the service; again in %.0fs", _counted(len(batch), "exchange"), wait
+                )
                 await asyncio.sleep(min(wait, self._max_backoff))
         await self._keep_for_later(batch)
         if raise_errors:
-            raise Undelivered(batch, f"deferred by the service {self._max_attempts} times")
+            raise Undelivered(batch, f"deferred by the service {_counted(self._max_attempts, 'time')}")
         return False
 
     async def _keep_the_rest(self) -> list[dict[str, Any]]:
@@ -405,9 +412,9 @@ class BleedwatchClient:
         self.dropped_by_reason[reason] += exchanges
         self._unreported += exchanges
         if detail:
-            log.error("bleedwatch: %d exchanges dropped (%s: %s)", exchanges, reason, detail[:300])
+            log.error("bleedwatch: %s dropped (%s: %s)", _counted(exchanges, "exchange"), reason, detail[:300])
         else:
-            log.error("bleedwatch: %d exchanges dropped (%s)", exchanges, reason)
+            log.error("bleedwatch: %s dropped (%s)", _counted(exchanges, "exchange"), reason)
 
     def _count(self, result: dict[str, Any], batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
         """Count what the service took and refused; the exchanges of ``batch`` it asks for again
@@ -500,7 +507,9 @@ class BleedwatchClient:
             self._report = None
         elif resp.status_code < 500 and resp.status_code not in RETRY_STATUSES:
             log.error(
-                "bleedwatch: the service refused a drop report (%s); %d drops stay local", resp.status_code, count
+                "bleedwatch: the service refused a drop report (%s); %s stay local",
+                resp.status_code,
+                _counted(count, "drop"),
             )
             self._report = None
 

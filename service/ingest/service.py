@@ -34,6 +34,7 @@ from service.ingest.decode import Limits, check_exchange, check_size, decode_exc
 from service.ingest.schemas import Batch, Exchange, ExchangeResult, IngestResult
 from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
+from service.plural import counted
 from service.wire import Decoded
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,9 @@ class Ingestor:
                 if ex.tenant in over:
                     wait = 60 - int(now) % 60  # the limit is per clock minute
                     limited = TooManyNewTenants(
-                        f"exchanges[{i}].tenant: this API key sent more than {self.limits.new_tenants_per_minute} "
-                        "tenants not seen before this minute; retry next minute, or raise "
+                        f"exchanges[{i}].tenant: this API key sent more than "
+                        f"{counted(self.limits.new_tenants_per_minute, 'tenant')} not seen before this minute; "
+                        "retry next minute, or raise "
                         "BLEEDWATCH_NEW_TENANTS_PER_KEY_PER_MINUTE",
                         headers={"Retry-After": str(wait)},
                     )
@@ -190,9 +192,10 @@ class Ingestor:
         item_id = await self._queue.put(wrapped, self.queue_max_batches, self.queue_max_bytes)
         if item_id is None:
             metrics.INGEST_QUEUE_FULL.inc()
-            bound = f" or {self.queue_max_bytes} bytes" if self.queue_max_bytes else ""
+            bound = f" or {counted(self.queue_max_bytes, 'byte')}" if self.queue_max_bytes else ""
+            batches = counted(self.queue_max_batches, "batch", "batches")
             raise Unavailable(
-                f"the ingest queue is full (at most {self.queue_max_batches} batches{bound} wait to be processed: "
+                f"the ingest queue is full (at most {batches}{bound} wait to be processed: "
                 "BLEEDWATCH_INGEST_QUEUE_MAX_BATCHES, BLEEDWATCH_INGEST_QUEUE_MAX_BYTES); "
                 "retry later, nothing of this batch was kept",
                 headers={"Retry-After": str(QUEUE_FULL_RETRY_SECONDS)},

@@ -9,6 +9,7 @@ import time
 from service.audit.log import CLI
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
+from service.plural import counted
 from service.retention.jobs import Retention, prune, purge_tenant, purge_tenant_index
 from service.retention.routes import NOT_PURGED, index_note
 
@@ -28,10 +29,10 @@ async def run_prune(_: argparse.Namespace) -> int:
         print("another replica is pruning right now; nothing done")
         return 1
     print(
-        f"pruned {pruned.findings} findings (older than {retention.findings_days} days), "
-        f"{pruned.incidents} closed incidents ({retention.incidents_days} days), "
-        f"{pruned.audit_entries} audit entries ({retention.audit_days} days), "
-        f"{pruned.webhook_deliveries} finished webhook deliveries"
+        f"pruned {counted(pruned.findings, 'finding')} (older than {counted(retention.findings_days, 'day')}), "
+        f"{counted(pruned.incidents, 'closed incident')} ({counted(retention.incidents_days, 'day')}), "
+        f"{counted(pruned.audit_entries, 'audit entry', 'audit entries')} ({counted(retention.audit_days, 'day')}), "
+        f"{counted(pruned.webhook_deliveries, 'finished webhook delivery', 'finished webhook deliveries')}"
     )
     return 0
 
@@ -62,8 +63,9 @@ async def run_purge(args: argparse.Namespace) -> int:
         finally:
             await index.close()
         print(
-            f"index: {done.documents} documents deleted, {done.batches} queued batches rewritten, "
-            f"{done.held_findings} held findings removed; a tombstone refuses the tenant's earlier exchanges"
+            f"index: {counted(done.documents, 'document')} deleted, "
+            f"{counted(done.batches, 'queued batch', 'queued batches')} rewritten, "
+            f"{counted(done.held_findings, 'held finding')} removed; a tombstone refuses the tenant's earlier exchanges"
         )
     engine = make_engine(settings)
     try:
@@ -72,8 +74,8 @@ async def run_purge(args: argparse.Namespace) -> int:
     finally:
         await engine.dispose()
     print(
-        f"purged: {purged.findings_deleted} findings deleted, {purged.findings_scrubbed} scrubbed, "
-        f"{purged.incidents_deleted} incidents deleted, {purged.incidents_updated} updated"
+        f"purged: {counted(purged.findings_deleted, 'finding')} deleted, {purged.findings_scrubbed:,} scrubbed, "
+        f"{counted(purged.incidents_deleted, 'incident')} deleted, {purged.incidents_updated:,} updated"
     )
     if settings.redis_url is not None:
         print(f"index entries: {index_note(settings)}")

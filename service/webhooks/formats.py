@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from standardwebhooks import Webhook
 
+from service.plural import counted
 from service.webhooks.outbox import short
 
 USER_AGENT = "bleedwatch-webhook/1"
@@ -110,12 +111,14 @@ def summary(event: str, incident: Snapshot, *, tenants: bool) -> str:
     }[short(event)]
     line = (
         f"[{incident.severity.upper()}] bleedwatch incident {incident.id} {what} on {incident.where}: "
-        f"{incident.finding_count} finding{'s' if incident.finding_count != 1 else ''}"
+        f"{counted(incident.finding_count, 'finding')}"
     )
     if tenants:
         line += f"; from {_names(incident.source_tenants)} to {_names(incident.recipient_tenants)}"
     else:
-        line += f"; {len(incident.source_tenants)} source, {len(incident.recipient_tenants)} recipient tenants"
+        line += (
+            f"; {len(incident.source_tenants)} source, {counted(len(incident.recipient_tenants), 'recipient tenant')}"
+        )
     return line if len(line) <= SUMMARY_LIMIT else line[: SUMMARY_LIMIT - 1] + "…"
 
 

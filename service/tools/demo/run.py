@@ -31,6 +31,7 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.local_server import local_server
 from service.migrate import upgrade
+from service.plural import counted
 from service.tools.sim.engine import Engine, EngineConfig, History, Mode
 from service.tools.sim.front import create_front, sim_keys
 from service.tools.sim.gateway import create_gateway
@@ -140,7 +141,8 @@ def _run_engine(
 def _print_run(run: Run, pool: int) -> None:
     statuses = Counter(s.status for s in run.sent)
     over = [s for s in run.sent if s.planned.over_pool]
-    print(f"  {len(run.sent)} requests from {len(TENANTS)} tenants, {len(over)} longer than the {pool:,}-token pool")
+    requests = counted(len(run.sent), "request")
+    print(f"  {requests} from {len(TENANTS)} tenants, {len(over)} longer than the {pool:,}-token pool")
     print(f"  HTTP answers: {', '.join(f'{n} x {code}' for code, n in sorted(statuses.items()))}")
     for s in over:
         what = f"{s.status}, {len(s.content.split())}-word answer" if s.status == 200 else f"{s.status}: {s.error}"
@@ -148,10 +150,11 @@ def _print_run(run: Run, pool: int) -> None:
     leaks = run.history.leaks()
     stale = [s for s in run.history.served if s.stale]
     print(
-        f"  engine: {len(stale)} requests decoded over stale KV pages, {len(leaks)} answers carried other tenants' "
-        f"text; {len(run.history.signals)} kv_transfer_short signals"
+        f"  engine: {counted(len(stale), 'request')} decoded over stale KV pages, "
+        f"{counted(len(leaks), 'answer')} carried other tenants' text; "
+        f"{counted(len(run.history.signals), 'kv_transfer_short signal')}"
     )
-    print(f"  bleedwatch: {len(run.findings)} finding(s)")
+    print(f"  bleedwatch: {counted(len(run.findings), 'finding')}")
     for f in sorted(run.findings, key=lambda f: f["response_at"]):
         lag = datetime.fromisoformat(f["detected_at"]) - datetime.fromisoformat(f["response_at"])
         print(

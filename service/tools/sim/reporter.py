@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
+from service.plural import counted
 from service.tools.sim.engine import Signal
 
 log = logging.getLogger("bleedwatch.sim")
@@ -97,14 +98,16 @@ class Reporter:
                 resp = await self._http.post("/v1/signals", json={"events": events}, headers=_auth(self._ingest_key))
             except httpx.HTTPError as exc:
                 self._pending = batch + self._pending
-                log.warning("bleedwatch unreachable, %d signals kept for later: %r", len(batch), exc)
+                log.warning("bleedwatch unreachable, %s kept for later: %r", counted(len(batch), "signal"), exc)
                 return
             if resp.status_code == 202:
                 self.sent += len(batch)
             elif resp.status_code in (429, 502, 503, 504):
                 self._pending = batch + self._pending
             else:
-                log.error("bleedwatch refused %d signals: %s %s", len(batch), resp.status_code, _error_code(resp))
+                log.error(
+                    "bleedwatch refused %s: %s %s", counted(len(batch), "signal"), resp.status_code, _error_code(resp)
+                )
 
     async def aclose(self) -> None:
         if self._task is not None:
