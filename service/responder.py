@@ -336,7 +336,12 @@ def add_parsers(sub: Any) -> None:
     i = sub.add_parser("incidents", help="list, read and work incidents (a read key; triage to change them)")
     isub = i.add_subparsers(dest="incidents_command", required=True)
     il = isub.add_parser("list", help="incidents, newest activity first")
-    il.add_argument("--status", choices=[s.value for s in Status])
+    il.add_argument(
+        "--status",
+        type=statuses,
+        metavar="STATUS[,STATUS]",
+        help=f"only incidents with one of these: {', '.join(s.value for s in Status)}",
+    )
     il.add_argument("--severity", choices=[s.value for s in Severity])
     il.add_argument("--model")
     il.add_argument("--deployment")

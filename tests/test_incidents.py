@@ -168,6 +168,46 @@ async def test_listing_filters_sorting_and_cursor(api: Api) -> None:
     assert naive.status_code == 422
 
 
+async def test_the_status_filter_takes_one_or_more_statuses(api: Api) -> None:
+    """``status=open,acknowledged``, as ``GET /v1/findings``'s ``incident_status``: the same pattern
+    and the same refusal; one status filters as it did."""
+    now = time.time()
+    await leak(api, "argparse", "acme", "globex", now - 300)
+    await leak(api, "csv", "initech", "umbrella", now - 200, deployment="pd-us-2")
+    await leak(api, "json", "hooli", "acme", now, deployment="pd-ap-3")
+    newest, middle, oldest = [i["id"] for i in await incidents(api)]
+    await patch(api, f"/v1/incidents/{middle}", {"status": "acknowledged"})
+    await patch(api, f"/v1/incidents/{oldest}", {"status": "resolved"})
+
+    async def ids(**params: str) -> list[object]:
+        return [i["id"] for i in await incidents(api, **params)]
+
+    assert await ids(status="open") == [newest]
+    assert await ids(status="acknowledged") == [middle]
+    assert await ids(status="open,acknowledged") == [newest, middle]
+    assert await ids(status="acknowledged,open,open") == [newest, middle]
+    assert await ids(status="resolved,false_positive") == [oldest]
+    assert await ids(status="false_positive") == []
+    first = await get(api, "/v1/incidents", status="open,acknowledged", limit="1")
+    rest = await get(api, "/v1/incidents", status="open,acknowledged", limit="1", cursor=first["next_cursor"])
+    assert [i["id"] for i in first["items"] + rest["items"]] == [newest, middle]
+    assert rest["next_cursor"] is None
+    listed = (await get(api, "/v1/audit", role=Role.ADMIN, action="incidents.list", limit="1"))["items"][0]
+    assert listed["detail"]["filters"] == {"status": "open,acknowledged"}
+
+    for value in ("closed", "open,", "open,,resolved", "OPEN", "open;resolved", "", "open\n"):
+        resp = await api.client.get("/v1/incidents", params={"status": value}, headers=api.headers(Role.READ))
+        assert resp.status_code == 422, value
+        assert resp.json() == {
+            "error": "invalid",
+            "detail": "query.status: one or more of open, acknowledged, resolved, false_positive, separated by commas",
+        }
+    schema = (await api.client.get("/openapi.json")).json()
+    (param,) = [p for p in schema["paths"]["/v1/incidents"]["get"]["parameters"] if p["name"] == "status"]
+    assert "^(open|acknowledged|resolved|false_positive)(,(" in str(param["schema"])
+    assert "open,acknowledged" in param["description"]
+
+
 async def test_impact_report_json_and_csv(api: Api) -> None:
     now = time.time()
     await leak(api, "argparse", "acme", "globex", now - 100, prompt_tokens=700_001, node="decode-3")

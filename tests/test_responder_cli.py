@@ -240,8 +240,19 @@ def test_findings_list_shows_the_incident_and_leaves_out_what_was_closed(
         assert [f["id"] for f in json.loads(out)] == [live["id"]]
         code, out, _ = run(capsys, "findings", "list", "--incident-status", "false_positive,resolved", "--csv", *reader)
         assert [r["id"] for r in csv.DictReader(io.StringIO(out))] == [str(dismissed["id"])]
+        # Incidents take the same list of statuses.
+        code, out, err = run(capsys, "incidents", "list", "--status", "open,acknowledged", "--json", *reader)
+        assert code == 0, err
+        assert [i["id"] for i in json.loads(out)] == [live["incident_id"]]
+        code, out, _ = run(capsys, "incidents", "list", "--status", "false_positive,open", "--csv", *reader)
+        listed = {r["id"] for r in csv.DictReader(io.StringIO(out))}
+        assert listed == {str(dismissed["incident_id"]), str(live["incident_id"])}
 
     with pytest.raises(SystemExit) as exit_:  # refused before any call, naming the statuses
         main(["findings", "list", "--incident-status", "closed", "--url", "http://127.0.0.1:9", "--api-key", "bw_a_b"])
     assert exit_.value.code == 2
     assert "'closed': give one or more of open, acknowledged, resolved, false_positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["incidents", "list", "--status", "open,closed", "--url", "http://127.0.0.1:9", "--api-key", "bw_a_b"])
+    assert exit_.value.code == 2
+    assert "'open,closed': give one or more of open, acknowledged, resolved" in capsys.readouterr().err

@@ -26,7 +26,8 @@ from service.incidents.schemas import (
     IncidentPatch,
     Order,
     Sort,
-    Status,
+    Statuses,
+    statuses,
 )
 from service.wire import Bound
 
@@ -75,7 +76,9 @@ async def _incident(session: Any, incident_id: int) -> Incident:
 async def list_incidents(
     session: SessionDep,
     caller: Reader,
-    status: Status | None = None,
+    status: Annotated[
+        Statuses | None, Query(description="Only incidents with one of these statuses, e.g. open,acknowledged.")
+    ] = None,
     severity: SeverityField | None = None,
     model: Annotated[str | None, Query(max_length=256)] = None,
     deployment: Annotated[str | None, Query(max_length=256)] = None,
@@ -87,9 +90,12 @@ async def list_incidents(
     cursor: Annotated[str | None, Query(pattern=cursors.KEY_ID_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> IncidentPage:
-    """Pass ``next_cursor`` back as ``cursor`` (with the same sort and order) for the next page."""
+    """``status=open,acknowledged`` lists what is still to handle (one or more statuses, as
+    ``GET /v1/findings``'s ``incident_status``). Pass ``next_cursor`` back as ``cursor`` (with the
+    same sort and order) for the next page."""
     _aware(since=since, until=until)
-    f = store.IncidentFilter(status.value if status else None, severity, model, deployment, tenant, since, until)
+    wanted = None if status is None else statuses(status)
+    f = store.IncidentFilter(wanted, severity, model, deployment, tenant, since, until)
     rows, next_cursor = await store.page(session, f, sort, order, cursor, limit)
     tenants = await store.tenants_of(session, [r.id for r in rows])
     await audit.record(
@@ -99,7 +105,7 @@ async def list_incidents(
         "incidents",
         {
             "filters": filters(
-                status=status,
+                status=",".join(wanted) if wanted else None,
                 severity=severity,
                 model=model,
                 deployment=deployment,

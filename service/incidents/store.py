@@ -50,7 +50,7 @@ _SORT_COLUMNS = {
 
 @dataclass(frozen=True, slots=True)
 class IncidentFilter:
-    status: str | None = None
+    status: tuple[str, ...] | None = None  # any of these
     severity: str | None = None
     model: str | None = None
     deployment: str | None = None
@@ -61,8 +61,9 @@ class IncidentFilter:
 
 def _filtered(f: IncidentFilter) -> Any:
     q = select(Incident)
+    if f.status is not None:
+        q = q.where(Incident.status.in_(f.status))
     for column, value in (
-        (Incident.status, f.status),
         (Incident.severity, f.severity),
         (Incident.model, f.model),
         (Incident.deployment, f.deployment),

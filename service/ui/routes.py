@@ -269,7 +269,7 @@ async def incidents(request: Request, deps: Deps, session: SessionDep) -> Respon
     if problems:
         return _error(request, 400, "; ".join(problems), who)
     f = store.IncidentFilter(
-        None if status == "all" else status,
+        None if status == "all" else (status,),
         values["severity"],
         values["model"],
         values["deployment"],
