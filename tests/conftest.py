@@ -2,7 +2,8 @@
 
 Every backend-facing test runs against both the embedded default and Redis + PostgreSQL.
 A run gets its own PostgreSQL schema (migrated once with Alembic) and its own Redis key
-prefix per test, so concurrent runs on one machine never see each other's data.
+prefix per test, so concurrent runs on one machine never see each other's data; so does each
+pytest-xdist worker of a run (scripts/test), since each imports this module with its own RUN_ID.
 
 The index contract and end-to-end tests also run on a real Redis Cluster (``ALL_BACKENDS``):
 three masters the session starts on free loopback ports in a temporary directory, the first
@@ -110,7 +111,7 @@ def _drop_prefix(prefix: str, url: str = REDIS_URL) -> None:
 
 
 def _truncate(url: str) -> None:
-    """Empty every table of the run's schema (tests run one at a time within a run)."""
+    """Empty every table of the run's schema (tests run one at a time within a run, or an xdist worker)."""
     with psycopg.connect(url, autocommit=True) as conn:
         tables = [
             row[0]

@@ -41,11 +41,13 @@ def _seed(url: str, tokens: dict[Role, str]) -> None:
     """An incident with findings and signals, so ids 1 and 2 exist for the generated requests."""
     ingest = {"Authorization": f"Bearer {tokens[Role.INGEST]}"}
     now = time.time()
-    for text, recipient in (("argparse", "globex"), ("csv", "umbrella")):
-        exchanges, _ = leak_pair(text, "acme", recipient, now)
-        assert httpx.post(f"{url}/v1/exchanges", json={"exchanges": exchanges}, headers=ingest).status_code == 202
-    event = {"kind": "kv_transfer_short", "deployment": "pd-eu-1", "node": "decode-3", "ts": now}
-    assert httpx.post(f"{url}/v1/signals", json={"events": [event]}, headers=ingest).status_code == 202
+    # httpx's 5 s default is too short for a fresh app's first batch on a loaded machine (CI's workers).
+    with httpx.Client(headers=ingest, timeout=60) as client:
+        for text, recipient in (("argparse", "globex"), ("csv", "umbrella")):
+            exchanges, _ = leak_pair(text, "acme", recipient, now)
+            assert client.post(f"{url}/v1/exchanges", json={"exchanges": exchanges}).status_code == 202
+        event = {"kind": "kv_transfer_short", "deployment": "pd-eu-1", "node": "decode-3", "ts": now}
+        assert client.post(f"{url}/v1/signals", json={"events": [event]}).status_code == 202
 
 
 @pytest.mark.parametrize("role", list(Role))
