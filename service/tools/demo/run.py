@@ -237,7 +237,7 @@ def run_demo(*, keep: bool = False) -> int:
             reader.close()
         ok = bool(buggy.findings) and not fixed.findings
         print(
-            f"\nresult: buggy engine {len(buggy.findings)} finding(s), fixed engine {len(fixed.findings)}: "
+            f"\nresult: buggy engine {counted(len(buggy.findings), 'finding')}, fixed engine {len(fixed.findings)}: "
             f"{'as expected' if ok else 'NOT as expected'} ({time.perf_counter() - started:.1f} s)"
         )
         return 0 if ok else 1
