@@ -6,9 +6,17 @@ them: a neutral module lets each import the wire without importing the others.
 pydantic's lax mode reads more than the schema says: ``"12"`` or ``true`` for an integer, a
 number for a date-time. A client that trusts the schema is fine either way, but the API then
 accepts what its document calls invalid (and a fuzzer says so). ``NOT_TEXT`` refuses text and
-booleans, and still takes ``1.0``, which JSON Schema counts as an integer. ``Moment`` is ISO 8601
-with a timezone, or seconds since the epoch, and its schema says both; the bounds on numbers keep
-them seconds (pydantic reads larger ones as milliseconds) and inside what dates can hold.
+booleans, and still takes ``1.0``, which JSON Schema counts as an integer. ``STRICT_INT``, for what
+gateways and engines send (exchanges, signals), refuses ``1.0`` too: there it is a client's bug (a
+count computed as a float; a u64 fingerprint as a float has lost its low bits already), and those
+operations answer 422 for rules their schema cannot say anyway (tests/schemathesis.toml).
+``Moment`` is ISO 8601 with a timezone, or seconds since the epoch as a JSON number, and its
+schema says both; a numeric string is neither (a query's ``Bound``, all text, takes one). The
+bounds on numbers keep them seconds (pydantic reads larger ones as milliseconds) and inside what
+dates can hold.
+
+The ingest queue holds bodies as accepted, and nothing after acceptance refuses an exchange: it
+reads them under ``QUEUED``, which still takes what the wire took before it was strict.
 """
 
 from __future__ import annotations
@@ -19,7 +27,16 @@ from typing import Annotated
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    WithJsonSchema,
+)
 
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
@@ -70,8 +87,32 @@ def _time_in_range(value: datetime) -> datetime:
     return value
 
 
+# The validation context of queue items (see above): ``Model.model_validate_json(body, context=QUEUED)``.
+QUEUED = {"queued": True}
+
+
+def _queued(info: ValidationInfo) -> bool:
+    return isinstance(info.context, dict) and info.context.get("queued") is True
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _body_seconds(value: object, info: ValidationInfo) -> object:
+    """A body's time: seconds as a JSON number, as its schema says; ``"1700000000"`` is a client's
+    bug, not a date-time."""
+    if isinstance(value, str) and _numeric(value) and not _queued(info):
+        raise ValueError("give epoch seconds as a JSON number, not a string, or an ISO 8601 time with a timezone")
+    return _seconds_in_range(value)
+
+
 Moment = Annotated[
-    datetime, BeforeValidator(_seconds_in_range), AfterValidator(_time_in_range), WithJsonSchema(MOMENT_SCHEMA)
+    datetime, BeforeValidator(_body_seconds), AfterValidator(_time_in_range), WithJsonSchema(MOMENT_SCHEMA)
 ]
 
 
@@ -96,27 +137,35 @@ def _not_text(value: object) -> object:
     return value
 
 
-# Put it after the bounds, ``Annotated[int, Field(ge=0), NOT_TEXT]``: bounds given after a validator
+def _strict_int(value: object, info: ValidationInfo) -> object:
+    if isinstance(value, str | bool) or (isinstance(value, float) and not _queued(info)):
+        raise ValueError('give a JSON integer such as 12, not "12", 12.0, 1.2e1 or true')
+    return value
+
+
+# Put them after the bounds, ``Annotated[int, Field(ge=0), NOT_TEXT]``: bounds given after a validator
 # come out in the schema as pydantic's names ("ge"), which JSON Schema does not know.
 NOT_TEXT = BeforeValidator(_not_text)
+STRICT_INT = BeforeValidator(_strict_int)
 
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)]
 RequestId = Annotated[str, StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=NAME_PATTERN)]
 Label = Annotated[str, StringConstraints(max_length=LABEL_MAX_CHARS, pattern=LABEL_PATTERN)]
 KeyId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
-# Integer fields take JSON integers only (NOT_TEXT above), so "12" and true are refused, not coerced.
+# Integer fields take JSON integers only (NOT_TEXT, STRICT_INT above), so "12" and true are refused, not coerced.
 U64_MAX = 2**64 - 1
 
 
 class Text(BaseModel):
-    """Fingerprints of one text: base64 of little-endian u64/u32 arrays, or JSON integer arrays."""
+    """Fingerprints of one text: base64 of little-endian u64/u32 arrays, or JSON integer arrays.
+    Integers are written as such: 12, not 12.0."""
 
     model_config = ConfigDict(extra="forbid")
 
-    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), NOT_TEXT]]
-    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]]
-    token_count: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
+    fingerprints: str | list[Annotated[int, Field(ge=0, le=U64_MAX), STRICT_INT]]
+    offsets: str | list[Annotated[int, Field(ge=0, lt=2**32), STRICT_INT]]
+    token_count: Annotated[int, Field(ge=0, lt=2**32), STRICT_INT]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -215,6 +216,28 @@ async def test_an_idle_worker_stops_at_once_and_a_batch_queued_as_it_stops_is_st
 
         await eventually(done)
         await asyncio.wait_for(other.stop(), 30)
+        assert_the_leak(await findings(api))
+
+
+@pytest.mark.parametrize("settings", ["embedded"], indirect=True)
+async def test_a_batch_queued_before_the_wire_was_strict_is_still_processed(settings: Settings) -> None:
+    """Replicas once took numeric strings for ts and 60.0 for an integer, and queued the body as it came;
+    the wire refuses them now, but nothing after acceptance refuses an exchange (a rolling upgrade)."""
+    async with running_api(settings.model_copy(update={"ingest_workers": 0})) as api:
+        batches = traffic(time.time())
+        exchanges = batches["source"] + batches["leak"]
+        for ex in exchanges:
+            ex["ts"] = str(datetime.fromisoformat(ex["ts"]).timestamp())
+            ex["scheme"]["n"] = float(ex["scheme"]["n"])
+            ex["prompt"]["token_count"] = float(ex["prompt"]["token_count"])
+        body = orjson.dumps({"exchanges": exchanges})
+        headers = api.headers(Role.INGEST) | {"Content-Type": "application/json"}
+        refused = await api.client.post("/v1/exchanges", content=body, headers=headers)
+        assert refused.status_code == 422, refused.text  # no longer accepted
+        item = b"req-before\n" + body
+        assert len(Ingestor.split(item)) == 2
+        result = await deps(api).ingestor.process(item)
+        assert (result.accepted, result.findings) == (2, 1)
         assert_the_leak(await findings(api))
 
 

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bleedwatch.client import BleedwatchClient, Rejected, Undelivered, retry_after
+from bleedwatch.fingerprint.scheme import Params
 from bleedwatch.limits import NAME_MAX_CHARS
 from service.auth.keys import Role
 from service.config import Settings
@@ -140,6 +141,13 @@ async def test_unreachable_service_keeps_the_batch() -> None:
     assert client.rejected == 0
     with pytest.raises(Undelivered):
         await client.aclose()  # still pending: close tries once more, and says so
+
+
+def test_fingerprint_parameters_are_ints_as_the_service_takes_them() -> None:
+    """4.0 would name another key id and travel as 4.0, which the service refuses (no coercion)."""
+    for bad in ({"n": 4.0}, {"w": "3"}, {"sample_mod": True}, {"response_w": 1.0}):
+        with pytest.raises(TypeError, match="must be ints"):
+            Params(**bad)
 
 
 def test_retry_after_forms() -> None:

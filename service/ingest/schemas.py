@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.wire import NOT_TEXT, KeyId, Label, Moment, Name, RequestId, Text
+from service.wire import NOT_TEXT, STRICT_INT, KeyId, Label, Moment, Name, RequestId, Text
 
 Scalar = str | int | float | bool | None
 
@@ -16,12 +16,12 @@ class Scheme(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: Annotated[Literal[1], NOT_TEXT]
-    n: Annotated[int, Field(ge=1, le=64), NOT_TEXT]
-    w: Annotated[int, Field(ge=1, le=256), NOT_TEXT]
-    sample_after: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT]
-    sample_mod: Annotated[int, Field(ge=1, lt=2**32), NOT_TEXT]
-    response_w: Annotated[int, Field(ge=1, le=256), NOT_TEXT] | None = Field(
+    version: Annotated[Literal[1], STRICT_INT]
+    n: Annotated[int, Field(ge=1, le=64), STRICT_INT]
+    w: Annotated[int, Field(ge=1, le=256), STRICT_INT]
+    sample_after: Annotated[int, Field(ge=0, lt=2**32), STRICT_INT]
+    sample_mod: Annotated[int, Field(ge=1, lt=2**32), STRICT_INT]
+    response_w: Annotated[int, Field(ge=1, le=256), STRICT_INT] | None = Field(
         None, description="The response's window; absent: w."
     )
 
@@ -32,7 +32,7 @@ class Meta(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_tokens: Annotated[int, Field(ge=0, lt=2**32), NOT_TEXT] | None = None
+    prompt_tokens: Annotated[int, Field(ge=0, lt=2**32), STRICT_INT] | None = None
     deployment: Label | None = None
     node: Label | None = None
     end_user: Label | None = Field(

@@ -35,7 +35,7 @@ from service.ingest.schemas import Batch, Exchange, ExchangeResult, IngestResult
 from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
 from service.plural import counted
-from service.wire import Decoded
+from service.wire import QUEUED, Decoded
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class Ingestor:
         """The queue item of each exchange of a batch alone (the same accepting request), so that one
         exchange that cannot be processed does not hold back the others."""
         request_id, refs, body = envelope.unwrap(item)
-        batch = Batch.model_validate_json(body)
+        batch = Batch.model_validate_json(body, context=QUEUED)
         return [
             envelope.wrap(
                 request_id,
@@ -241,7 +241,7 @@ class Ingestor:
         request_id, traceparent = envelope.parse_origin(first_line)
         # Logs and incident timelines name the accepting request; spans join its trace.
         with request_id_bound(request_id), tracing.resumed(traceparent):
-            return await self._process(Batch.model_validate_json(body), refs)
+            return await self._process(Batch.model_validate_json(body, context=QUEUED), refs)
 
     @tracing.traced("ingest")
     async def _process(self, batch: Batch, refs: list[int] | None) -> IngestResult:

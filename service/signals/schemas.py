@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bleedwatch.names import NAME_PATTERN
-from service.wire import NOT_TEXT, Moment
+from service.wire import STRICT_INT, Moment
 
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 EventId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=NAME_PATTERN)]
@@ -34,7 +34,7 @@ class SignalEvent(BaseModel):
     node: Label = Field(description="As gateways report it in meta.node.")
     ts: Moment = Field(description="When the engine saw it; give a timezone (or epoch seconds).")
     request_id: Label | None = Field(None, description="The engine's request id, when one request is concerned.")
-    count: Annotated[int, Field(ge=1, le=1_000_000), NOT_TEXT] = Field(
+    count: Annotated[int, Field(ge=1, le=1_000_000), STRICT_INT] = Field(
         1, description="Occurrences folded into this event."
     )
     event_id: EventId | None = Field(

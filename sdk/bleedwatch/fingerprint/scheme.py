@@ -56,6 +56,10 @@ class Params:
     response_w: int = 1
 
     def __post_init__(self) -> None:
+        values = (self.n, self.w, self.sample_after, self.sample_mod, self.response_w)
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            # 4.0 would name another key id ("n=4.0") and travel as 4.0, which the service refuses.
+            raise TypeError("n, w, sample_after, sample_mod and response_w must be ints")
         if not 1 <= self.n <= 64:
             raise ValueError("n must be between 1 and 64")
         if not 1 <= self.w <= 256 or not 1 <= self.response_w <= 256:
