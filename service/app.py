@@ -184,7 +184,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
     async def prometheus_metrics(deps: Deps) -> Response:
-        await metrics.INDEX_STATS.refresh(deps.index, deps.index.queue())
+        # The queue's gauges only where no worker of this process sets them each recovery round.
+        queue = deps.index.queue() if deps.settings.ingest_workers == 0 else None
+        await metrics.INDEX_STATS.refresh(deps.index, queue)
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     tracing.configure(settings.tracing, app)  # before the first call builds the middleware stack

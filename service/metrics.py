@@ -465,7 +465,8 @@ class IndexStatsCache:
     async def refresh(self, index: object, queue: ReportsSize | None = None) -> None:
         """Every process that serves /metrics calls this, API and worker alike: each is scraped, and
         an alert takes the min or max over them (a worker's 0 would say Redis does not persist).
-        The queue's depth too, so that a queue no worker drains shows on the API replicas."""
+        The queue's depth too when given: by an API replica without workers, so that a queue no
+        worker drains shows there (a process with workers sets it in their recovery round)."""
         now = time.monotonic()
         if now - self._at < self.max_age_seconds or not isinstance(index, ReportsStats):
             return

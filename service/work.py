@@ -74,7 +74,8 @@ def create_worker_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        await metrics.INDEX_STATS.refresh(app.state.index, app.state.index.queue())
+        # Not the queue's gauges: this process's workers set them each recovery round (service/ingest/worker.py).
+        await metrics.INDEX_STATS.refresh(app.state.index)
         return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
 
     tracing.configure(settings.tracing, app)  # before the first call builds the middleware stack

@@ -20,9 +20,13 @@ import pydantic
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service import metrics
+from service.app import create_app
 from service.auth.keys import Role
 from service.config import Settings
+from service.ingest import worker as worker_module
 from service.local_server import free_port
+from service.work import create_worker_app
 from tests.conftest import REDIS_URL, _create_keys, _drop_prefix
 from tests.conftest import _truncate as truncate
 from tests.test_end_to_end import assert_the_leak, traffic
@@ -112,6 +116,39 @@ async def test_an_api_without_workers_queues_and_a_worker_process_finds_the_leak
         for proc in procs:  # after draining, uvicorn re-raises the signal it caught
             assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
         _drop_prefix(prefix)
+
+
+@pytest.mark.parametrize("settings", ["redis+postgres"], indirect=True)
+async def test_each_process_sets_the_queue_gauges_once_a_round(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process with workers sets them in their recovery round; its /metrics once set them again
+    (the index-stats refresh, which only an API replica without workers needs)."""
+    sets: list[str] = []
+    monkeypatch.setattr(metrics.INGEST_QUEUE, "set", lambda _: sets.append("batches"))
+    monkeypatch.setattr(metrics.INGEST_QUEUE_BYTES, "set", lambda _: sets.append("bytes"))
+    monkeypatch.setattr(metrics, "INDEX_STATS", metrics.IndexStatsCache(max_age_seconds=0))  # asked at each scrape
+    monkeypatch.setattr(worker_module, "RECOVER_SECONDS", 3600.0)  # one round: the first, at start
+    for app in (create_worker_app(settings), create_app(settings)):
+        sets.clear()
+        async with app.router.lifespan_context(app):
+            deadline = time.monotonic() + 30
+            while len(sets) < 2:  # the recovery round, started with the workers
+                assert time.monotonic() < deadline, sets
+                await asyncio.sleep(0.02)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b.test") as client:
+                for _ in range(2):
+                    scraped = (await client.get("/metrics")).text
+                    assert gauge(scraped, "bleedwatch_index_items") >= 0
+                    assert "bleedwatch_ingest_queue_batches" in scraped
+        assert sets == ["batches", "bytes"], app.title
+    # Without workers, the API's scrape is what sets them.
+    sets.clear()
+    app = create_app(settings.model_copy(update={"ingest_workers": 0}))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://b.test") as c:
+        await c.get("/metrics")
+    assert sets == ["batches", "bytes"]
 
 
 def test_a_worker_process_and_an_api_without_workers_need_redis(tmp_path: Path) -> None:
