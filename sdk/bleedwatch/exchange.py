@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -17,19 +16,12 @@ from bleedwatch.fingerprint.scheme import (
     fingerprint_text,
     key_id,
 )
-from bleedwatch.limits import (
-    LABEL_MAX_CHARS,
-    LABEL_PATTERN,
-    NAME_MAX_CHARS,
-    NAME_PATTERN,
-    REQUEST_ID_MAX_CHARS,
-)
+from bleedwatch.limits import LABEL_MAX_CHARS, NAME_MAX_CHARS, REQUEST_ID_MAX_CHARS
+from bleedwatch.names import forbidden
 
 Scalar = str | int | float | bool | None
 Texts = tuple[dict[str, Any], dict[str, Any]]  # the prompt's and the response's fingerprints, wire form
 
-_NAME = re.compile(NAME_PATTERN)
-_LABEL = re.compile(LABEL_PATTERN)
 _NAMES = (("tenant", NAME_MAX_CHARS), ("request_id", REQUEST_ID_MAX_CHARS), ("model", LABEL_MAX_CHARS))
 _LISTED_META = {"deployment", "node", "end_user"}  # labels; prompt_tokens is a count
 # What an exchange's JSON holds besides its fingerprints, names and meta (keys, scheme, ts, key id, counts), at most.
@@ -113,10 +105,11 @@ def exchange_of(
 def name_problem(exchange: Mapping[str, Any]) -> str | None:
     """Why the service would reject this exchange for its names or meta, as a drop reason
     (``invalid:<field>``); None when they are fine. The same limits as the service's, from
-    sdk/bleedwatch/limits.py, so a name the service refuses never travels."""
+    sdk/bleedwatch/limits.py, so a name the service refuses never travels. Characters are checked with
+    ``names.forbidden``, which answers as the service's patterns do without building them."""
     for field, max_chars in _NAMES:
         value = exchange.get(field)
-        if not isinstance(value, str) or len(value) > max_chars or not _NAME.fullmatch(value):
+        if not isinstance(value, str) or not value or len(value) > max_chars or forbidden(value):
             return f"invalid:{field}"
     meta = exchange.get("meta") or {}
     if not isinstance(meta, Mapping):
@@ -129,7 +122,7 @@ def name_problem(exchange: Mapping[str, Any]) -> str | None:
         if name == "prompt_tokens":
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
                 return "invalid:meta"
-        elif not (isinstance(value, str) and len(value) <= LABEL_MAX_CHARS and _LABEL.fullmatch(value)):
+        elif not (isinstance(value, str) and len(value) <= LABEL_MAX_CHARS and not forbidden(value)):
             return "invalid:meta"
     return None
 

@@ -1,4 +1,4 @@
-"""The client's fingerprinting process (``python -m bleedwatch.worker``): the thread that feeds it, and its loop.
+"""The client's fingerprinting process (``python -m bleedwatch.worker``): the thread that feeds it.
 
 Very long texts are hashed in a process of their own rather than in a thread of the gateway:
 tokenising a megabyte-sized prompt is one long C call that would hold the GIL, and so the
@@ -6,7 +6,9 @@ gateway's event loop. The process is started with subprocess, not multiprocessin
 forkserver import the gateway's ``__main__`` again in the child, so a gateway script that starts
 its server at module level (no ``if __name__ == "__main__":``) ran a second time there and broke
 the pool, and fork would copy a threaded process. This child imports bleedwatch and nothing else
-of the gateway's.
+of the gateway's, and of bleedwatch only what fingerprinting needs: its loop is in worker.py, not
+here, so that it loads neither this module's threads and pipes nor the client (the package's
+``__init__`` loads the client on first use only).
 
 Frames, both ways, over the child's stdin and stdout: 8 bytes of length (little-endian), then the
 bytes. A request is three frames: JSON ``{"key": hex, "params": [n, w, ...]}``, the prompt and the
@@ -25,21 +27,20 @@ import logging
 import os
 import queue
 import select
-import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
-from bleedwatch.exchange import Texts, fingerprint_texts
+from bleedwatch.exchange import Texts
 from bleedwatch.fingerprint.scheme import Params
+from bleedwatch.worker import LENGTH as _LENGTH
 
 log = logging.getLogger("bleedwatch.sdk")
 
-_LENGTH = struct.Struct("<Q")
 _CHUNK = 1 << 20
 _CHECK_SECONDS = 0.5  # how often a wait on the pipes checks that the process still lives
 _EXIT_SECONDS = 5.0  # a process told to stop (its stdin closed) gets this long before it is killed
@@ -227,38 +228,3 @@ def _read(process: subprocess.Popen[bytes], length: int) -> bytes:
             raise WorkerDied
         data += chunk
     return bytes(data)
-
-
-# --- the child ---------------------------------------------------------------------------------
-def _frame(stream: IO[bytes]) -> bytes | None:
-    header = stream.read(_LENGTH.size)
-    if len(header) < _LENGTH.size:
-        return None  # the client closed, or its process is gone
-    (length,) = _LENGTH.unpack(header)
-    payload = stream.read(length)
-    return payload if len(payload) == length else None
-
-
-def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
-    """Answer requests until end of file."""
-    while (header := _frame(requests)) is not None:
-        prompt, response = _frame(requests), _frame(requests)
-        if prompt is None or response is None:
-            return
-        answer = _answer(orjson.loads(header), prompt, response)
-        del prompt, response
-        payload = orjson.dumps(answer)
-        answers.write(_LENGTH.pack(len(payload)))
-        answers.write(payload)
-        answers.flush()
-
-
-def _answer(header: dict[str, Any], prompt: bytes, response: bytes) -> dict[str, Any]:
-    try:
-        key, params = bytes.fromhex(header["key"]), Params(*header["params"])
-        texts = fingerprint_texts(
-            prompt.decode("utf-8", "surrogatepass"), response.decode("utf-8", "surrogatepass"), key, params
-        )
-    except Exception as exc:
-        return {"error": type(exc).__name__}
-    return {"texts": texts}
