@@ -20,6 +20,7 @@ from service.cli import main
 from service.config import Settings
 from service.local_server import free_port, local_server
 from service.migrate import describe, migrations_dir
+from tests.test_sdk_client import failed_attempts
 from tests.traffic import KEY, words
 
 
@@ -154,9 +155,16 @@ def test_a_data_directory_that_cannot_be_created_is_one_line(
 
 
 def test_replay_to_a_server_that_is_down_names_it(
-    embedded_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    embedded_env: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("service.tools.replay.BleedwatchClient", functools.partial(BleedwatchClient, max_attempts=1))
+    """Nothing listens on port 9: one round of the client's 8 attempts (its retries made quick here),
+    then one attempt at close, not a second round (the replay's flush, then close, each took 8)."""
+    quick = functools.partial(BleedwatchClient, max_backoff_seconds=0.01)
+    monkeypatch.setattr("service.tools.replay.BleedwatchClient", quick)
     traffic = tmp_path / "traffic.jsonl"
     line = {"ts": 1, "tenant": "a", "request_id": "r", "model": "m", "prompt": words("csv"), "response": "r"}
     traffic.write_bytes(orjson.dumps(line) + b"\n")
@@ -167,6 +175,7 @@ def test_replay_to_a_server_that_is_down_names_it(
     err = capsys.readouterr().err
     assert "bleedwatch replay: sending to bleedwatch at http://127.0.0.1:9: 1 exchange not delivered: network" in err
     assert "secret" not in err
+    assert failed_attempts(caplog) == 8 + 1
 
 
 def test_replay_without_keys_explains(embedded_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:

@@ -150,6 +150,53 @@ def test_fingerprint_parameters_are_ints_as_the_service_takes_them() -> None:
             Params(**bad)
 
 
+def failed_attempts(caplog: pytest.LogCaptureFixture) -> int:
+    """POSTs of batches that got no answer: the client logs each (a retry, or the last of its round)."""
+    return sum(m.startswith("bleedwatch ingest failed (") for m in caplog.messages)
+
+
+async def test_a_dead_service_costs_one_round_not_one_per_flush(caplog: pytest.LogCaptureFixture) -> None:
+    """A port nobody listens on: the first flush tries a round of ``max_attempts``; close, after it,
+    tries what it holds once, not a round of its own, and still reports it undelivered."""
+    client = BleedwatchClient(f"http://127.0.0.1:{free_port()}", "bw_k_s", max_attempts=4, max_backoff_seconds=0.01)
+    for ex in batch(2):
+        await client.submit(ex)
+    with pytest.raises(Undelivered, match="2 exchanges not delivered: network error"):
+        await client.flush()
+    assert failed_attempts(caplog) == 4
+    with pytest.raises(Undelivered, match="2 exchanges not delivered: network error"):
+        await client.aclose()
+    assert failed_attempts(caplog) == 4 + 1
+    assert client.dropped_by_reason == {"closed_undelivered": 2}
+
+
+@pytest.mark.parametrize("scripted", [[(503, {}), (503, {}), (503, {}), (202, {}), (503, {})]], indirect=True)
+async def test_after_a_round_ran_out_a_flush_tries_once_and_an_answer_makes_rounds_whole_again(
+    scripted: tuple[str, Script], caplog: pytest.LogCaptureFixture
+) -> None:
+    """At least once: the one attempt a flush makes after a failed round is a real one, and the
+    service, back, takes the batch. Its answer ends the one-attempt mode: the next failure gets a
+    whole round again, and close after it one attempt."""
+    url, script = scripted
+    client = BleedwatchClient(url, "bw_k_s", max_attempts=3, max_backoff_seconds=0.01)
+    for ex in batch(2):
+        await client.submit(ex)
+    with pytest.raises(Undelivered, match="2 exchanges not delivered: HTTP 503"):
+        await client.flush()
+    assert failed_attempts(caplog) == 3
+    await client.flush()  # one attempt, answered
+    assert (client.accepted, client.dropped) == (2, 0)
+    await client.submit(batch(1)[0])
+    with pytest.raises(Undelivered, match="1 exchange not delivered: HTTP 503"):
+        await client.flush()
+    assert failed_attempts(caplog) == 3 + 3
+    with pytest.raises(Undelivered):
+        await client.aclose()
+    assert failed_attempts(caplog) == 3 + 3 + 1
+    assert [n for _, n in script.seen] == [2, 2, 2, 2, 1, 1, 1, 1]
+    assert client.dropped_by_reason == {"closed_undelivered": 1}
+
+
 def test_retry_after_forms() -> None:
     now = time.time()
     assert retry_after("7", now) == 7.0

@@ -24,8 +24,10 @@ from bleedwatch.fingerprint.scheme import Params
 from bleedwatch.spool import HEADER, MAGIC, Spool
 from service import metrics
 from service.auth.keys import Role
+from service.local_server import free_port
 from tests.aux_venv import SDK
 from tests.conftest import Api
+from tests.test_sdk_client import failed_attempts
 from tests.traffic import KEY, exchange, words
 
 pytestmark = pytest.mark.anyio
@@ -284,6 +286,34 @@ async def eventually(condition: Callable[[], bool], seconds: float = 20.0) -> No
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+async def test_close_tries_once_what_the_sender_gave_up_on_not_a_round_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A port nobody listens on. The background sender's round runs out and the batch goes to the
+    spool; close then tries the spooled batch once and the one queued since once (into the spool
+    too), not a round each."""
+    client = BleedwatchClient(
+        f"http://127.0.0.1:{free_port()}",
+        "bw_k_s",
+        batch_size=2,
+        max_attempts=3,
+        max_backoff_seconds=0.01,
+        flush_seconds=3600,
+        spool=tmp_path / "bw.spool",
+    )
+    async with client:
+        for ex in exchanges(2):
+            await client.submit(ex)  # a full batch: the sender posts it
+        await eventually(lambda: client.spooled == 2)
+        assert failed_attempts(caplog) == 3
+        await client.submit(exchanges(1, "late")[0])
+    assert failed_attempts(caplog) == 3 + 1 + 1
+    assert (client.spooled, client.dropped) == (3, 0)
+    spool = Spool(tmp_path / "bw.spool")
+    assert spool.pending_exchanges == 3
+    spool.close()
 
 
 async def test_batches_wait_in_the_spool_while_the_service_is_away(tmp_path: Path) -> None:

@@ -14,8 +14,12 @@
   would reject never travels, and batches are cut so that no body passes ``max_body_bytes``.
 - A batch not delivered within ``max_attempts`` goes to the spool, if one is configured
   (``sdk/bleedwatch/spool.py``: a bounded local file), and is replayed when the service answers
-  again. Exchanges are dropped only when they cannot be kept: the spool is full, or there is no
-  spool, or the queue passed ``max_pending`` with nowhere to put it, or the service refused them.
+  again. Once a round of attempts has run out with no answer, ``flush()`` and ``aclose()`` try what
+  they hold once, not a round of their own, until the service answers again: a dead service costs a
+  replay or a closing gateway one round, not one per caller (the background sender keeps its rounds,
+  whose backoff is what waits an outage out). Exchanges are dropped only when they cannot be kept:
+  the spool is full, or there is no spool, or the queue passed ``max_pending`` with nowhere to put
+  it, or the service refused them.
   Every drop is counted (``dropped``, and by reason in ``dropped_by_reason``: ``rejected:<error>``,
   ``invalid:<field>``, ``too_large:<what>``, ``queue_full``, ...), logged, and reported to the service
   (``POST /v1/sdk/drops``, idempotent), which exports ``bleedwatch_sdk_dropped_exchanges_total``.
@@ -153,6 +157,7 @@ class BleedwatchClient:
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._processes: FingerprintProcess | None = None
         self._report: tuple[str, int] | None = None  # a drop report sent but not yet acknowledged
+        self._away = False  # a round of attempts ran out, and the service has not answered since
         self._unreported = 0
         self.accepted = 0
         self.duplicates = 0
@@ -303,7 +308,7 @@ class BleedwatchClient:
         """Deliver what is queued now (after the fingerprinting under way), and what is spooled."""
         await self.flush_hashing()
         async with self._lock:
-            await self._replay()
+            await self._replay(waited_on=True)
             while self._pending:
                 await self._deliver(self._cut(), raise_errors=True)
             await self._report_drops()
@@ -311,13 +316,16 @@ class BleedwatchClient:
     async def _deliver(self, batch: list[dict[str, Any]], *, raise_errors: bool) -> bool:
         """Send one batch; keep it in the spool if it cannot be delivered. True when delivered.
 
+        ``raise_errors``: a caller waits on it (``flush``, ``aclose``), who gets the errors, and one
+        attempt rather than a round while the service is away (``_post``).
+
         Exchanges the service refused for a limit that lifts (``retry_after``: too many new tenants
         this minute) go again, alone, once it has: a gateway's first minutes, with thousands of
         tenants the service has not seen, must lose none of them.
         """
         for attempt in range(self._max_attempts):
             try:
-                result = await self.send(batch)
+                result = await self._post(orjson.dumps({"exchanges": batch}), batch, waited_on=raise_errors)
             except asyncio.CancelledError:  # closing: aclose delivers or keeps it with the rest
                 self._pending = batch + self._pending
                 raise
@@ -445,9 +453,14 @@ class BleedwatchClient:
         """Post one batch until it is accepted, refused for good, or the attempts run out."""
         return await self._post(orjson.dumps({"exchanges": batch}), batch)
 
-    async def _post(self, body: bytes, batch: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    async def _post(
+        self, body: bytes, batch: list[dict[str, Any]] | None = None, *, waited_on: bool = False
+    ) -> dict[str, Any]:
+        """A round of ``max_attempts``; one attempt only when a caller waits on it (``waited_on``) and the
+        last round found the service away: that batch, or one before it, already had its round."""
+        attempts = 1 if waited_on and self._away else self._max_attempts
         cause = "no attempt made"
-        for attempt in range(self._max_attempts):
+        for attempt in range(attempts):
             try:
                 resp = await self._http.post("/v1/exchanges", content=body)
             except httpx.TransportError as exc:
@@ -456,21 +469,30 @@ class BleedwatchClient:
             else:
                 result = _answer(resp) if resp.status_code == 202 else None
                 if result is not None:
+                    self._away = False
                     return result
                 if resp.status_code not in RETRY_STATUSES and 300 <= resp.status_code < 500:
+                    self._away = False
                     raise Rejected(resp.status_code, _json(resp))
                 # A success that is no answer of bleedwatch's (a proxy's page) says nothing was taken: again.
                 cause = f"HTTP {resp.status_code}" + (", not bleedwatch's answer" if resp.status_code < 300 else "")
                 wait = retry_after(resp.headers.get("retry-after"), time.time())
-            if attempt + 1 == self._max_attempts:
+            if attempt + 1 == attempts:
                 break
             backoff = min(self._max_backoff, 0.2 * 2**attempt) * (0.5 + random.random() / 2)
             delay = min(wait, self._max_backoff) if wait is not None else backoff
             log.warning("bleedwatch ingest failed (%s); retry %d in %.1fs", cause, attempt + 1, delay)
             await asyncio.sleep(delay)
+        self._away = True
+        log.warning(
+            "bleedwatch ingest failed (%s); no answer in %s, %s",
+            cause,
+            _counted(attempts, "attempt"),
+            "the service is still away" if attempts < self._max_attempts else "given up for this round",
+        )
         raise Undelivered(batch if batch is not None else orjson.loads(body)["exchanges"], cause)
 
-    async def _replay(self) -> None:
+    async def _replay(self, *, waited_on: bool) -> None:
         """Send spooled batches, oldest first, until the spool is empty or the service fails again."""
         spool = self._spool
         while spool:
@@ -479,7 +501,7 @@ class BleedwatchClient:
             if record is None:
                 return
             try:
-                result = await self._post(record.payload)
+                result = await self._post(record.payload, waited_on=waited_on)
             except Rejected as exc:
                 self.rejected += record.exchanges
                 self._drop(record.exchanges, exc.reason, str(exc))
@@ -525,7 +547,7 @@ class BleedwatchClient:
             try:
                 async with self._lock:
                     if self._spool:
-                        await self._replay()
+                        await self._replay(waited_on=False)
                     while len(self._pending) >= (1 if timed_out else self._batch_size):
                         if not await self._deliver(self._cut(), raise_errors=False):
                             break  # the service is away: the rest waits for the next round
