@@ -82,9 +82,12 @@ class _Collect(FindingsWriter):
 
     def __init__(self) -> None:
         self.drafts: dict[str, FindingDraft] = {}
+        self.batch = 0  # batches processed so far
+        self.first_batch: dict[str, int] = {}  # recipient request -> the batch its first draft came in
 
     async def write(self, drafts: list[FindingDraft]) -> Written | None:
         for d in drafts:
+            self.first_batch.setdefault(d.recipient_request_id, self.batch)
             old = self.drafts.get(d.recipient_request_id)
             if old is None or replaces(d, old):
                 self.drafts[d.recipient_request_id] = d
@@ -99,9 +102,18 @@ def allowlist(texts: list[str], key: bytes, params: Params) -> np.ndarray[Any, n
 
 
 async def replay(
-    traffic: Traffic, key: bytes, params: Params, allowed: np.ndarray[Any, np.dtype[np.uint64]], batch: int = 100
+    traffic: Traffic,
+    key: bytes,
+    params: Params,
+    allowed: np.ndarray[Any, np.dtype[np.uint64]],
+    batch: int = 100,
+    judge_after: float | None = None,
 ) -> Replayed:
-    """Findings as ``GET /v1/findings`` shows them (the fields the scoring reads), and the seconds it took."""
+    """Findings as ``GET /v1/findings`` shows them (the fields the scoring reads), and the seconds it took.
+
+    ``judge_after``: keep only findings that judging again that many seconds of traffic after their first
+    draft still finds (a finding withdrawn then stays withdrawn; one drafted in the last stretch is kept):
+    what holding findings back before raising them would do (bench/eval/RESULTS.md)."""
     settings = Settings()
     start = time.time() - SECONDS_PER_EXCHANGE * (len(traffic.order) + 100)
     index = _Index(
@@ -117,6 +129,8 @@ async def replay(
     )
     ingestor = Ingestor(index, matcher, cast(Any, None), limits, writer)
     started = time.perf_counter()
+    # --judge-after: whether each finding still is one when judged again that long after its first draft.
+    settled: dict[str, bool] = {}
     for first in range(0, len(traffic.order), batch):
         exchanges = []
         for ex in traffic.order[first : first + batch]:
@@ -134,7 +148,14 @@ async def replay(
                 )
             )
         await ingestor.process(b"\n" + orjson.dumps({"exchanges": exchanges}))
-    found = [_as_api(d) for d in writer.drafts.values()]
+        writer.batch += 1
+        if judge_after is not None:
+            due = writer.batch - judge_after / (SECONDS_PER_EXCHANGE * batch)
+            for rid, b in list(writer.first_batch.items()):
+                if b <= due and rid not in settled:
+                    key_id, ref, tenant = index.responses[rid]
+                    settled[rid] = await matcher.judge_again(key_id, ref, tenant, time.time()) is not None
+    found = [_as_api(d) for d in writer.drafts.values() if settled.get(d.recipient_request_id, True)]
     return Replayed(found, time.perf_counter() - started, index, matcher)
 
 

@@ -276,6 +276,12 @@ def main() -> None:
         action="store_true",
         help="judge every finding again against the index at the end: how many the rest of the window explains",
     )
+    p.add_argument(
+        "--judge-after",
+        type=float,
+        metavar="SECONDS",
+        help="report a finding only if judging it again this long after it was first made still finds it",
+    )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (SDK parameter)")
     p.add_argument(
@@ -308,7 +314,7 @@ def main() -> None:
     if args.offline:
         texts = [t.text for t in bundle().texts()] + quoted
         allowed = offline.allowlist(texts, key, params)
-        replayed = asyncio.run(offline.replay(traffic, key, params, allowed))
+        replayed = asyncio.run(offline.replay(traffic, key, params, allowed, judge_after=args.judge_after))
         findings, elapsed = replayed.findings, replayed.seconds
     else:
         with tempfile.TemporaryDirectory() as tmp, running_service() as service:

@@ -345,8 +345,9 @@ class Matcher:
 
     async def judge_again(self, key_id: str, ref: int, recipient: int, now: float) -> FindingDraft | None:
         """What judging one response finds against the index as it is now: the evaluation asks it of every
-        finding at the end of its traffic (bench/eval/run.py --judge-again), to count those the rest of
-        the window explains (text that became common after the finding, say)."""
+        finding at the end of its traffic, or a while after it (bench/eval/run.py --judge-again,
+        --judge-after), to count those the rest of the window explains (text that became common after the
+        finding, say)."""
         again = await self._again(key_id, ref, recipient, now)
         if again is None:
             return None
