@@ -130,6 +130,43 @@ def test_a_record_that_goes_bad_after_opening_is_skipped_too(tmp_path: Path) -> 
     spool.close()
 
 
+def _damage_adjacent_records(path: Path, payloads: list[bytes], bad: range) -> None:
+    """Garble the records at the indexes in ``bad``: the first two in their payloads (their headers
+    still frame them), the last in its length (it points past the file: only the magic of the next
+    good record ends it)."""
+    data = bytearray(path.read_bytes())
+    starts = [sum(HEADER.size + len(p) for p in payloads[:i]) for i in range(len(payloads))]
+    for i in bad:
+        if i == bad[-1]:
+            data[starts[i] + 4 : starts[i] + 8] = (10**6).to_bytes(4, "big")
+        else:
+            data[starts[i] + HEADER.size] ^= 0xFF
+    with open(path, "r+b") as f:  # in place: a spool already open sees the same file
+        f.write(bytes(data))
+
+
+@pytest.mark.parametrize("when", ["before opening", "after opening"])
+@pytest.mark.parametrize("adjacent", [2, 3])
+def test_adjacent_bad_records_are_counted_each(tmp_path: Path, when: str, adjacent: int) -> None:
+    """Neighbouring bad records were skipped as one stretch and counted as one record lost."""
+    path = tmp_path / "s.spool"
+    payloads = [b"good-1", *(f"lost-{i}".encode() for i in range(adjacent)), b"good-2", b"good-3"]
+    spool = Spool(path, fsync="never")
+    for payload in payloads:
+        assert spool.append(payload, 2)
+    if when == "before opening":
+        spool.close()
+        _damage_adjacent_records(path, payloads, range(1, 1 + adjacent))
+        spool = Spool(path, fsync="never")
+        assert spool.skipped_records == adjacent  # counted by the scan at opening
+        assert spool.pending_exchanges == 6
+    else:
+        _damage_adjacent_records(path, payloads, range(1, 1 + adjacent))
+    assert _records(spool) == [b"good-1", b"good-2", b"good-3"]
+    assert spool.skipped_records == adjacent  # and not again when replay reaches them
+    spool.close()
+
+
 @pytest.mark.parametrize(
     ("offset_text", "replayed"),
     [
@@ -248,6 +285,22 @@ async def test_the_client_counts_a_skipped_spool_record_as_a_drop(tmp_path: Path
         await eventually(lambda: client.accepted == 1)
         assert client.dropped_by_reason == {"spool_corrupt": 1}
     assert sidecar.seen_ids == {"b-0"}
+
+
+async def test_the_client_counts_each_of_adjacent_bad_spool_records(tmp_path: Path) -> None:
+    path = tmp_path / "bw.spool"
+    earlier = Spool(path)
+    payloads = [orjson.dumps({"exchanges": exchanges(2, prefix)}) for prefix in ("a", "b", "c", "d", "e")]
+    for payload in payloads:
+        earlier.append(payload, 2)
+    earlier.close()
+    _damage_adjacent_records(path, payloads, range(1, 4))
+    sidecar = Sidecar()
+    async with sidecar.client(spool=path) as client:
+        await eventually(lambda: client.accepted == 4)
+        # Three records lost; how many exchanges each held is part of what failed its check.
+        assert client.dropped_by_reason == {"spool_corrupt": 3}
+    assert sidecar.seen_ids == {"a-0", "a-1", "e-0", "e-1"}
 
 
 @dataclass

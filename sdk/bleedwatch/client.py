@@ -21,8 +21,9 @@
   the spool is full, or there is no spool, or the queue passed ``max_pending`` with nowhere to put
   it, or the service refused them.
   Every drop is counted (``dropped``, and by reason in ``dropped_by_reason``: ``rejected:<error>``,
-  ``invalid:<field>``, ``too_large:<what>``, ``queue_full``, ...), logged, and reported to the service
-  (``POST /v1/sdk/drops``, idempotent), which exports ``bleedwatch_sdk_dropped_exchanges_total``.
+  ``invalid:<field>``, ``too_large:<what>``, ``queue_full``, ``spool_corrupt``: one per unreadable
+  spooled record, ...), logged, and reported to the service (``POST /v1/sdk/drops``, idempotent),
+  which exports ``bleedwatch_sdk_dropped_exchanges_total``.
 
 The service answers once a batch is durably queued (``Prefer: respond-async``) and indexes and
 matches it right after, so a gateway's batch never waits for matching; ``findings`` counts only
@@ -407,8 +408,10 @@ class BleedwatchClient:
         return batch
 
     def _count_spool_losses(self) -> None:
-        """Spooled records that failed their check (a bad disk, a torn write): each is at least one
-        exchange lost, counted as a drop (``spool_corrupt``) like any other."""
+        """Spooled records that failed their check (a bad disk, a torn write), each counted as one
+        drop (``spool_corrupt``): a record held at least one exchange, and how many is in the header
+        that failed the check, so this undercounts a lost batch of several. Adjacent bad records
+        count one each, as far as the spool can tell them apart (``bleedwatch.spool``)."""
         if self._spool is not None and self._spool.skipped_records > self._spool_losses:
             lost, self._spool_losses = self._spool.skipped_records - self._spool_losses, self._spool.skipped_records
             self._drop(lost, "spool_corrupt")

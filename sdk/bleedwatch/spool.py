@@ -9,7 +9,15 @@ drop). The file is append-only, a sequence of records::
 all big-endian; the payload is the batch's JSON body. A record that fails its check is skipped
 and counted (``skipped_records``), never taken as the end of the file: the next record is found
 by its magic, so one bad sector costs one batch, not everything after it. Only a bad tail with
-no whole record after it (a crash in the middle of an append) is cut off. Files of the earlier
+no whole record after it (a crash in the middle of an append) is cut off.
+
+What is counted is records, not exchanges: a bad record's exchange count is in the header its CRC
+failed to vouch for (a garbled one could read as billions). A bad stretch between two whole records
+counts each record in it, as far as the format tells where they start: a bad record whose magic is
+intact and whose length ends exactly at a magic (or at the stretch's end) is framed by that length;
+otherwise the next occurrence of the magic is taken as the next record. So a record with a garbled
+magic is counted with the one before it, and a garbled header followed by a payload that happens to
+hold the magic's four bytes counts one record too many. Files of the earlier
 layout (no magic) are read once and rewritten in this one.
 
 Delivered records are skipped, not rewritten: ``<path>.offset`` holds ``generation offset``, the
@@ -91,7 +99,7 @@ class Spool:
         self._file = os.fdopen(self._open(self.path, os.O_RDWR), "r+b")
         self._generation = -1  # what this process last saw on disk; -1: nothing yet
         self._start = self._end = self._pending = 0
-        self.skipped_records = 0  # records that failed their check and were skipped (or a torn tail cut)
+        self.skipped_records = 0  # records that failed their check and were skipped (or a torn tail cut); not exchanges
         self.repaired_offsets = 0  # times the offset file was stale or unreadable and was rewritten
         self._bad: set[tuple[int, int]] = set()  # (generation, offset) of bad records counted already
         with self._locked():
@@ -141,8 +149,9 @@ class Spool:
                 if record is not None:
                     return record
                 # Skipped and counted (once), and on to the next whole record.
-                self._skip(self._start)
-                self._commit(self._next_record(self._start + 1, self._end) or self._end)
+                nxt = self._next_record(self._start + 1, self._end) or self._end
+                self._skip(self._start, nxt)
+                self._commit(nxt)
             return None
 
     def commit(self, end: int, generation: int | None = None) -> None:
@@ -265,7 +274,7 @@ class Spool:
             record = self._read_at(offset)
             if record is None:
                 nxt = self._next_record(offset + 1, size)
-                self._skip(offset)
+                self._skip(offset, size if nxt is None else nxt)
                 if nxt is None:
                     break
                 offset = nxt
@@ -274,10 +283,31 @@ class Spool:
             offset = good_end = record.end
         return records, good_end
 
-    def _skip(self, offset: int) -> None:
-        if (self._generation, offset) not in self._bad:
-            self._bad.add((self._generation, offset))
-            self.skipped_records += 1
+    def _skip(self, start: int, end: int) -> None:
+        """Count each record in the bad stretch ``[start, end)`` once, whichever of the scan or the
+        replay reaches it first (both begin a stretch at the end of the whole record before it)."""
+        for offset in self._bad_record_starts(start, end):
+            if (self._generation, offset) not in self._bad:
+                self._bad.add((self._generation, offset))
+                self.skipped_records += 1
+
+    def _bad_record_starts(self, start: int, end: int) -> list[int]:
+        """Where the records of a bad stretch begin, as far as the format tells (module docstring):
+        their count is what was lost, however many sit side by side."""
+        starts: list[int] = []
+        with mmap.mmap(self._file.fileno(), end, access=mmap.ACCESS_READ) as view:
+            offset = start
+            while offset < end:
+                starts.append(offset)
+                nxt = -1
+                if view[offset : offset + len(MAGIC)] == MAGIC and offset + HEADER.size <= end:
+                    framed = offset + HEADER.size + HEADER.unpack_from(view, offset)[1]
+                    if framed == end or view[framed : framed + len(MAGIC)] == MAGIC:
+                        nxt = framed
+                if nxt < 0:
+                    nxt = view.find(MAGIC, offset + 1, end)
+                offset = end if nxt < 0 else nxt
+        return starts
 
     def _cut(self, good_end: int, size: int) -> int:
         """Cut a bad tail (nothing whole after it: a crash in the middle of an append)."""
