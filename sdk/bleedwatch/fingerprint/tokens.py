@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import sys
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -41,6 +42,35 @@ def _ranges(mask: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
     return [(int(lo), int(hi) - 1) for lo, hi in zip(edges[::2], edges[1::2], strict=True)]
 
 
+def _mask(chars: str, test: Callable[[str], bool]) -> npt.NDArray[np.bool_]:
+    return np.frombuffer(bytes(map(test, chars)), dtype=np.bool_)
+
+
+def _word_code_points() -> npt.NDArray[np.bool_]:
+    """Which code points are word characters (General Category L, M or N), as ``unicodedata`` says.
+
+    Asking ``unicodedata.category`` about each of the 1.1 million code points in a Python loop
+    cost every new fingerprinting process (``python -m bleedwatch.worker``) about 0.2 s on its first
+    non-ASCII text. Two ``str`` predicates, defined by General Category in Python's documentation
+    and run by ``map`` in C, settle all but about 13,000 of them exactly: a code point that is not
+    ``isprintable`` is of category C or Z (not a word character), and a printable one that
+    ``isalpha`` is of category L. Only the printable non-letters (M, N, P, S and the space) are
+    asked their category. The predicates are generated from the same Unicode database as
+    ``unicodedata`` in every CPython build, so the classes follow the interpreter's Unicode version
+    as before.
+    """
+    count = sys.maxunicode + 1
+    codes = np.arange(count, dtype="<u4")
+    printable = codes[_mask(codes.tobytes().decode("utf-32-le", "surrogatepass"), str.isprintable)]
+    alpha = _mask(printable.tobytes().decode("utf-32-le"), str.isalpha)  # surrogates are not printable
+    word = np.zeros(count, dtype=np.bool_)
+    word[printable[alpha]] = True
+    rest = printable[~alpha]
+    category = unicodedata.category
+    word[rest] = [category(chr(cp))[0] in "NM" for cp in rest.tolist()]
+    return word
+
+
 def _char_class(ranges: list[tuple[int, int]]) -> str:
     def esc(cp: int) -> str:
         return f"\\U{cp:08x}"
@@ -58,9 +88,8 @@ def _token_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
     ``re`` matches a class of BMP ranges with a bitmap but scans astral ranges one by one,
     which is ten times slower, so the full pattern is kept for text that needs it.
     """
-    category = unicodedata.category
     count = sys.maxunicode + 1
-    word = np.fromiter((category(chr(cp))[0] in "LNM" for cp in range(count)), bool, count)
+    word = _word_code_points()
     solo = np.zeros(count, dtype=bool)
     for lo, hi in SOLO_RANGES:
         solo[lo : hi + 1] = True
