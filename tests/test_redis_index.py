@@ -237,7 +237,11 @@ async def test_stats_read_maxmemory_of_every_primary_with_the_memory(index: Inde
             assert 0 < stats.memory_bytes < stats.memory_max_bytes
             assert (after or 0) - (trips or 0) == 2
             # The first primary has the least room to spare: its ratio is the fullest, not the sum's.
-            assert stats.memory_fullest == pytest.approx(used[0] / limits[0], rel=0.05)
+            # Other tests' writes to the shared Redis (an xdist worker beside this one) move used_memory
+            # between reads: the ratio lies between the ones read before and after.
+            later = int((await nodes[0].info("memory"))["used_memory"])
+            low, high = sorted((used[0], later))
+            assert low / limits[0] * 0.95 <= stats.memory_fullest <= high / limits[0] * 1.05
             assert stats.memory_fullest >= stats.memory_bytes / stats.memory_max_bytes
             await nodes[-1].config_set("maxmemory", 0)
             assert (await r.stats()).memory_max_bytes == 0
