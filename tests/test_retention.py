@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 from sqlalchemy import func, select, update
 
@@ -24,8 +26,9 @@ from service.findings.severity import Severity
 from service.findings.writer import encode_draft
 from service.incidents.models import Incident
 from service.index.base import DocMeta, Index, Kind
+from service.migrate import upgrade
 from service.retention.jobs import IndexPurged, Retention, prune, purge_tenant_index
-from tests.conftest import ALL_BACKENDS, Api, running_api
+from tests.conftest import ALL_BACKENDS, DATABASE_URL, Api, _with_schema, running_api
 from tests.incident_traffic import get, leak, patch, post
 from tests.traffic import exchange, words
 
@@ -283,3 +286,26 @@ async def test_after_a_purge_work_from_before_it_is_refused(api: Api) -> None:
     # The tenant may be served again: what happens after the purge is taken.
     fresh = exchange("acme", "after", words("difflib"), "ok", time.time() + 1)
     assert (await post(api, [fresh]))["accepted"] == 1
+
+
+@pytest.mark.postgres
+async def test_the_prune_lock_is_per_schema(pg_url: str) -> None:
+    """Another installation in another schema of the same database (a second deployment, a test worker
+    beside this one) prunes its own while a replica here holds this schema's lock."""
+    schema = f"bw_other_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(DATABASE_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            upgrade(Settings(database_url=_with_schema(DATABASE_URL, schema)))
+            engines = [make_engine(Settings(database_url=url)) for url in (pg_url, _with_schema(DATABASE_URL, schema))]
+            try:
+                here, there = (make_sessionmaker(e) for e in engines)
+                async with session_scope(here) as first, session_scope(here) as second, session_scope(there) as other:
+                    assert await prune(first, RETENTION) is not None
+                    assert await prune(second, RETENTION) is None  # this schema's lock is held
+                    assert await prune(other, RETENTION) is not None
+            finally:
+                for engine in engines:
+                    await engine.dispose()
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -170,24 +170,24 @@ async def test_a_dead_service_costs_one_round_not_one_per_flush(caplog: pytest.L
     assert client.dropped_by_reason == {"closed_undelivered": 2}
 
 
-@pytest.mark.parametrize("scripted", [[(503, {}), (503, {}), (503, {}), (202, {}), (503, {})]], indirect=True)
+@pytest.mark.parametrize("scripted", [[(502, {}), (502, {}), (502, {}), (202, {}), (502, {})]], indirect=True)
 async def test_after_a_round_ran_out_a_flush_tries_once_and_an_answer_makes_rounds_whole_again(
     scripted: tuple[str, Script], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """At least once: the one attempt a flush makes after a failed round is a real one, and the
-    service, back, takes the batch. Its answer ends the one-attempt mode: the next failure gets a
-    whole round again, and close after it one attempt."""
+    """At least once: the one attempt a flush makes after a failed round (a proxy's 502: the service
+    behind it is down) is a real one, and the service, back, takes the batch. Its answer ends the
+    one-attempt mode: the next failure gets a whole round again, and close after it one attempt."""
     url, script = scripted
     client = BleedwatchClient(url, "bw_k_s", max_attempts=3, max_backoff_seconds=0.01)
     for ex in batch(2):
         await client.submit(ex)
-    with pytest.raises(Undelivered, match="2 exchanges not delivered: HTTP 503"):
+    with pytest.raises(Undelivered, match="2 exchanges not delivered: HTTP 502"):
         await client.flush()
     assert failed_attempts(caplog) == 3
     await client.flush()  # one attempt, answered
     assert (client.accepted, client.dropped) == (2, 0)
     await client.submit(batch(1)[0])
-    with pytest.raises(Undelivered, match="1 exchange not delivered: HTTP 503"):
+    with pytest.raises(Undelivered, match="1 exchange not delivered: HTTP 502"):
         await client.flush()
     assert failed_attempts(caplog) == 3 + 3
     with pytest.raises(Undelivered):
@@ -195,6 +195,24 @@ async def test_after_a_round_ran_out_a_flush_tries_once_and_an_answer_makes_roun
     assert failed_attempts(caplog) == 3 + 3 + 1
     assert [n for _, n in script.seen] == [2, 2, 2, 2, 1, 1, 1, 1]
     assert client.dropped_by_reason == {"closed_undelivered": 1}
+
+
+@pytest.mark.parametrize("scripted", [[(503, {}), (429, {}), (503, {}), (202, {})]], indirect=True)
+async def test_a_service_asking_for_time_keeps_whole_rounds(
+    scripted: tuple[str, Script], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 429 or 503 is the service, up, asking for time (a full queue): the flush after a round of
+    them gets a whole round again, not the one attempt of a service found away."""
+    url, script = scripted
+    client = BleedwatchClient(url, "bw_k_s", max_attempts=2, max_backoff_seconds=0.01)
+    await client.submit(batch(1)[0])
+    with pytest.raises(Undelivered, match="1 exchange not delivered: HTTP 429"):
+        await client.flush()
+    await client.flush()  # 503, then taken within the same round
+    assert (client.accepted, client.dropped) == (1, 0)
+    assert failed_attempts(caplog) == 3
+    await client.aclose()
+    assert len(script.seen) == 4
 
 
 def test_retry_after_forms() -> None:

@@ -311,6 +311,8 @@ def main() -> None:
     # The shipped public-text bundle, as `bleedwatch allowlist import-public` imports it; with
     # --allowlist-quoted also the very texts the traffic quotes, as an operator who knew them would.
     quoted = [" ".join(t) for t in public] if args.allowlist_quoted else []
+    if args.judge_after is not None and not args.offline:
+        sys.exit("--judge-after needs --offline: it asks the in-process index")
     if args.offline:
         texts = [t.text for t in bundle().texts()] + quoted
         allowed = offline.allowlist(texts, key, params)

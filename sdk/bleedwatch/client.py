@@ -14,7 +14,8 @@
   would reject never travels, and batches are cut so that no body passes ``max_body_bytes``.
 - A batch not delivered within ``max_attempts`` goes to the spool, if one is configured
   (``sdk/bleedwatch/spool.py``: a bounded local file), and is replayed when the service answers
-  again. Once a round of attempts has run out with no answer, ``flush()`` and ``aclose()`` try what
+  again. Once a round of attempts has run out with no answer (or a gateway's 502 or 504; not the
+  service's own 429 or 503, which ask for time), ``flush()`` and ``aclose()`` try what
   they hold once, not a round of their own, until the service answers again: a dead service costs a
   replay or a closing gateway one round, not one per caller (the background sender keeps its rounds,
   whose backoff is what waits an outage out). Exchanges are dropped only when they cannot be kept:
@@ -63,6 +64,8 @@ from bleedwatch.spool import Spool
 log = logging.getLogger("bleedwatch.sdk")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# A proxy's answer for a service behind it that does not answer: as good as no answer (``_post``).
+GONE_STATUSES = frozenset({502, 504})
 # Texts longer than this (characters) are fingerprinted in a worker process (sdk/bleedwatch/hashing.py):
 # tokenising a megabyte-sized prompt is one long C call that would hold the GIL, and so the gateway's loop.
 LONG_TEXT_CHARS = 200_000
@@ -463,13 +466,16 @@ class BleedwatchClient:
         last round found the service away: that batch, or one before it, already had its round."""
         attempts = 1 if waited_on and self._away else self._max_attempts
         cause = "no attempt made"
+        gone = True  # no answer, or a gateway's for a service behind it that is down
         for attempt in range(attempts):
             try:
                 resp = await self._http.post("/v1/exchanges", content=body)
             except httpx.TransportError as exc:
                 cause = f"network error: {exc!r}"
                 wait = None
+                gone = True
             else:
+                gone = resp.status_code in GONE_STATUSES
                 result = _answer(resp) if resp.status_code == 202 else None
                 if result is not None:
                     self._away = False
@@ -486,9 +492,10 @@ class BleedwatchClient:
             delay = min(wait, self._max_backoff) if wait is not None else backoff
             log.warning("bleedwatch ingest failed (%s); retry %d in %.1fs", cause, attempt + 1, delay)
             await asyncio.sleep(delay)
-        self._away = True
+        # A 429 or 503 is the service, up, asking for time: a caller waiting on the next batch gets a whole round.
+        self._away = gone
         log.warning(
-            "bleedwatch ingest failed (%s); no answer in %s, %s",
+            "bleedwatch ingest failed (%s); not accepted in %s, %s",
             cause,
             _counted(attempts, "attempt"),
             "the service is still away" if attempts < self._max_attempts else "given up for this round",

@@ -1,9 +1,11 @@
 """Pruning by age, and purging one tenant. Functions flush; the caller's session scope commits.
 
 ``prune`` runs in one transaction per call. On PostgreSQL it first takes a transaction-scoped
-advisory lock (``pg_try_advisory_xact_lock``): a replica that does not get it skips this round,
-so at most one replica prunes at a time; it also sets ``bleedwatch.retention = 'on'`` for the
-transaction, the only way past the audit log's append-only trigger. SQLite is one process.
+advisory lock (``pg_try_advisory_xact_lock``) of its schema: a replica that does not get it skips
+this round, so at most one replica prunes at a time, while an installation in another schema of
+the same database (a second deployment, a test worker) prunes its own; it also sets
+``bleedwatch.retention = 'on'`` for the transaction, the only way past the audit log's append-only
+trigger. SQLite is one process.
 
 What is kept how long (days, ``BLEEDWATCH_*_RETENTION_DAYS``):
 - findings, by detection time; their incident links go with them;
@@ -41,7 +43,7 @@ from service.periodic import Periodic
 from service.webhooks.models import WebhookDelivery
 
 log = logging.getLogger("bleedwatch.retention")
-PRUNE_LOCK_KEY = 0x626C_6565_6477_0001  # "bleedw" + 1: the one advisory lock of the prune job
+PRUNE_LOCK_CLASS = 0x6277_0001  # "bw" + 1: the prune job's advisory locks, one per schema
 OUTBOX_KEEP_DAYS = 7
 CHUNK = 500  # ids per IN (...) list
 CLOSED = ("resolved", "false_positive")
@@ -96,7 +98,8 @@ async def prune(
     audit log's key id, the retention job's or ``bleedwatch prune``'s."""
     now = now or utcnow()
     if _pg(session):
-        if not await session.scalar(select(func.pg_try_advisory_xact_lock(PRUNE_LOCK_KEY))):
+        lock = func.pg_try_advisory_xact_lock(PRUNE_LOCK_CLASS, func.hashtext(func.current_schema()))
+        if not await session.scalar(select(lock)):
             return None
         await session.execute(text("SET LOCAL bleedwatch.retention = 'on'"))
     old_findings = list(
