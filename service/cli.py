@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, key_from_hex
+from bleedwatch.plural import counted
 from service.auth.keys import Role
-from service.plural import counted
 from service.responder import add_parsers as add_responder_parsers
 from service.tools.sim.cli import add_parser as add_sim_parser
 from service.tools.sim.cli import key_file

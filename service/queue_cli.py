@@ -6,10 +6,10 @@ never imports the application.
 
 from __future__ import annotations
 
+from bleedwatch.plural import counted
 from service.config import Settings
 from service.index.factory import make_index
 from service.ingest.worker import RECLAIM_COUNT
-from service.plural import counted
 
 
 async def queue_command(command: str) -> int:

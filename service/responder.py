@@ -23,9 +23,9 @@ from typing import Any, TextIO, get_args
 
 import httpx
 
+from bleedwatch.plural import counted
 from service.findings.severity import Severity
 from service.incidents.schemas import STATUSES_PATTERN, Order, Sort, Status
-from service.plural import counted
 from service.spreadsheet import safe_cell
 
 PAGE = 500  # the API's largest page

@@ -40,8 +40,8 @@ from pydantic import (
 
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, EncodingError, decode
 from bleedwatch.limits import LABEL_MAX_CHARS, LABEL_PATTERN, NAME_MAX_CHARS, NAME_PATTERN, REQUEST_ID_MAX_CHARS
+from bleedwatch.plural import counted
 from service.errors import Invalid, PayloadTooLarge
-from service.plural import counted
 
 EPOCH_SECONDS_LIMIT = 10**10  # |seconds| below this: years 1653 to 2286, and 16 digits of microseconds (cursors)
 MOMENT_SCHEMA = {

@@ -216,3 +216,8 @@ def served(settings: Settings) -> Iterator[Served]:
     tokens = asyncio.run(_create_keys(settings))
     with local_server(create_app(settings)) as url:
         yield Served(url, tokens)
+
+
+def failed_attempts(caplog: pytest.LogCaptureFixture) -> int:
+    """The SDK client's POSTs of batches that were not accepted: it logs each (a retry, or the last of its round)."""
+    return sum(m.startswith("bleedwatch ingest failed (") for m in caplog.messages)

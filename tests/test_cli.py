@@ -20,7 +20,7 @@ from service.cli import main
 from service.config import Settings
 from service.local_server import free_port, local_server
 from service.migrate import describe, migrations_dir
-from tests.test_sdk_client import failed_attempts
+from tests.conftest import failed_attempts
 from tests.traffic import KEY, words
 
 

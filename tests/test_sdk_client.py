@@ -23,6 +23,7 @@ from bleedwatch.limits import NAME_MAX_CHARS
 from service.auth.keys import Role
 from service.config import Settings
 from service.local_server import free_port, local_server
+from tests.conftest import failed_attempts
 from tests.sim_stack import BLEEDWATCH, bleedwatch
 from tests.traffic import KEY, exchange, words
 
@@ -148,11 +149,6 @@ def test_fingerprint_parameters_are_ints_as_the_service_takes_them() -> None:
     for bad in ({"n": 4.0}, {"w": "3"}, {"sample_mod": True}, {"response_w": 1.0}):
         with pytest.raises(TypeError, match="must be ints"):
             Params(**bad)
-
-
-def failed_attempts(caplog: pytest.LogCaptureFixture) -> int:
-    """POSTs of batches that got no answer: the client logs each (a retry, or the last of its round)."""
-    return sum(m.startswith("bleedwatch ingest failed (") for m in caplog.messages)
 
 
 async def test_a_dead_service_costs_one_round_not_one_per_flush(caplog: pytest.LogCaptureFixture) -> None:

@@ -26,8 +26,7 @@ from service import metrics
 from service.auth.keys import Role
 from service.local_server import free_port
 from tests.aux_venv import SDK
-from tests.conftest import Api
-from tests.test_sdk_client import failed_attempts
+from tests.conftest import Api, failed_attempts
 from tests.traffic import KEY, exchange, words
 
 pytestmark = pytest.mark.anyio

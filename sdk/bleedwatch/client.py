@@ -59,6 +59,7 @@ from bleedwatch.exchange import Scalar, exchange_of, fingerprint_texts, name_pro
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params
 from bleedwatch.hashing import FingerprintProcess
 from bleedwatch.limits import DEFAULT_MAX_BATCH_EXCHANGES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_FINGERPRINTS_PER_TEXT
+from bleedwatch.plural import counted
 from bleedwatch.spool import Spool
 
 log = logging.getLogger("bleedwatch.sdk")
@@ -71,11 +72,6 @@ GONE_STATUSES = frozenset({502, 504})
 LONG_TEXT_CHARS = 200_000
 _ERROR_CODE = re.compile(r"^[a-z_]{1,32}$")  # a service's error codes; anything else is counted as "other"
 _BODY_FRAME = len('{"exchanges":[]}')
-
-
-def _counted(n: int, noun: str) -> str:
-    """``1 exchange``, ``2 exchanges``: the service's ``counted``, which the SDK cannot import."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class Rejected(Exception):
@@ -92,7 +88,7 @@ class Undelivered(Exception):
     """The batch was not accepted within the retry budget; it is attached for the caller to keep."""
 
     def __init__(self, batch: list[dict[str, Any]], cause: str) -> None:
-        super().__init__(f"{_counted(len(batch), 'exchange')} not delivered: {cause}")
+        super().__init__(f"{counted(len(batch), 'exchange')} not delivered: {cause}")
         self.batch = batch
 
 
@@ -355,12 +351,12 @@ class BleedwatchClient:
             batch = again
             if attempt + 1 < self._max_attempts:
                 log.warning(
-                    "bleedwatch: %s deferred by the service; again in %.0fs", _counted(len(batch), "exchange"), wait
+                    "bleedwatch: %s deferred by the service; again in %.0fs", counted(len(batch), "exchange"), wait
                 )
                 await asyncio.sleep(min(wait, self._max_backoff))
         await self._keep_for_later(batch)
         if raise_errors:
-            raise Undelivered(batch, f"deferred by the service {_counted(self._max_attempts, 'time')}")
+            raise Undelivered(batch, f"deferred by the service {counted(self._max_attempts, 'time')}")
         return False
 
     async def _keep_the_rest(self) -> list[dict[str, Any]]:
@@ -426,9 +422,9 @@ class BleedwatchClient:
         self.dropped_by_reason[reason] += exchanges
         self._unreported += exchanges
         if detail:
-            log.error("bleedwatch: %s dropped (%s: %s)", _counted(exchanges, "exchange"), reason, detail[:300])
+            log.error("bleedwatch: %s dropped (%s: %s)", counted(exchanges, "exchange"), reason, detail[:300])
         else:
-            log.error("bleedwatch: %s dropped (%s)", _counted(exchanges, "exchange"), reason)
+            log.error("bleedwatch: %s dropped (%s)", counted(exchanges, "exchange"), reason)
 
     def _count(self, result: dict[str, Any], batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
         """Count what the service took and refused; the exchanges of ``batch`` it asks for again
@@ -497,7 +493,7 @@ class BleedwatchClient:
         log.warning(
             "bleedwatch ingest failed (%s); not accepted in %s, %s",
             cause,
-            _counted(attempts, "attempt"),
+            counted(attempts, "attempt"),
             "the service is still away" if attempts < self._max_attempts else "given up for this round",
         )
         raise Undelivered(batch if batch is not None else orjson.loads(body)["exchanges"], cause)
@@ -541,7 +537,7 @@ class BleedwatchClient:
             log.error(
                 "bleedwatch: the service refused a drop report (%s); %s stay local",
                 resp.status_code,
-                _counted(count, "drop"),
+                counted(count, "drop"),
             )
             self._report = None
 

@@ -24,6 +24,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bleedwatch.fingerprint.scheme import Params
+from bleedwatch.plural import counted
 from service import metrics, tracing
 from service.auth.keys import Caller
 from service.errors import ApiError, Forbidden, TooManyNewTenants, Unavailable
@@ -34,7 +35,6 @@ from service.ingest.decode import Limits, check_exchange, check_size, decode_exc
 from service.ingest.schemas import Batch, Exchange, ExchangeResult, IngestResult
 from service.logging import current_request_id, request_id_bound
 from service.matching.matcher import Matcher
-from service.plural import counted
 from service.wire import QUEUED, Decoded
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ import argparse
 import sys
 import time
 
+from bleedwatch.plural import counted
 from service.audit.log import CLI
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
-from service.plural import counted
 from service.retention.jobs import Retention, prune, purge_tenant, purge_tenant_index
 from service.retention.routes import NOT_PURGED, index_note
 

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from standardwebhooks import Webhook
 
-from service.plural import counted
+from bleedwatch.plural import counted
 from service.webhooks.outbox import short
 
 USER_AGENT = "bleedwatch-webhook/1"

@@ -25,13 +25,13 @@ from typing import Any
 
 import httpx
 
+from bleedwatch.plural import counted
 from service.app import create_app
 from service.auth.keys import Role, create_key
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.local_server import local_server
 from service.migrate import upgrade
-from service.plural import counted
 from service.tools.sim.engine import Engine, EngineConfig, History, Mode
 from service.tools.sim.front import create_front, sim_keys
 from service.tools.sim.gateway import create_gateway

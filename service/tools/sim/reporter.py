@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from service.plural import counted
+from bleedwatch.plural import counted
 from service.tools.sim.engine import Signal
 
 log = logging.getLogger("bleedwatch.sim")

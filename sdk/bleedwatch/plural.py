@@ -1,7 +1,8 @@
-"""``counted``: a count and its noun, for what the CLI, the API's messages and the webhooks print.
+"""``counted``: a count and its noun, for what the SDK, the CLI, the API's messages and the webhooks print.
 
-One helper so that no message says "1 findings"; a module of its own so that the retention,
-queue and ingest code need not import the responder CLI (and httpx) to use it.
+One helper so that no message says "1 findings". It lives in the SDK, which the service imports and
+which must not import the service; a module of its own, so that neither side pulls in the client
+(httpx) or the responder CLI to use it.
 """
 
 from __future__ import annotations
