@@ -7,9 +7,10 @@ pydantic's lax mode reads more than the schema says: ``"12"`` or ``true`` for an
 number for a date-time. A client that trusts the schema is fine either way, but the API then
 accepts what its document calls invalid (and a fuzzer says so). ``NOT_TEXT`` refuses text and
 booleans, and still takes ``1.0``, which JSON Schema counts as an integer. ``STRICT_INT``, for what
-gateways and engines send (exchanges, signals), refuses ``1.0`` too: there it is a client's bug (a
-count computed as a float; a u64 fingerprint as a float has lost its low bits already), and those
-operations answer 422 for rules their schema cannot say anyway (tests/schemathesis.toml).
+gateways and engines send (exchanges, signals) and for allowlisted fingerprints, refuses ``1.0``
+too: there it is a client's bug (a count computed as a float; a u64 fingerprint as a float has lost
+its low bits already), and those operations answer 422 for rules their schema cannot say anyway
+(tests/schemathesis.toml).
 ``Moment`` is ISO 8601 with a timezone, or seconds since the epoch as a JSON number, and its
 schema says both; a numeric string is neither (a query's ``Bound``, all text, takes one). The
 bounds on numbers keep them seconds (pydantic reads larger ones as milliseconds) and inside what

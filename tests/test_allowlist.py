@@ -107,6 +107,17 @@ def random_values(count: int, seed: int) -> npt.NDArray[np.uint64]:
     return np.random.default_rng(seed).integers(0, 2**64, size=count, dtype=np.uint64)
 
 
+async def test_a_fingerprint_written_as_a_float_is_refused(api: Api) -> None:
+    """2**63 + 1 as a float is 2**63: a JSON float has lost a u64's low bits before it arrives, so an
+    entry would silently allowlist another value. Only JSON integers (and base64) are fingerprints."""
+    for bad in ([1.0], [9.223372036854775808e18], ["12"], [True]):
+        body = {"key_id": NS, "label": "docs", "fingerprints": bad}
+        detail = (await call(api, "POST", "/v1/allowlist", 422, json=body))["detail"]
+        assert "give a JSON integer" in str(detail)
+    entry = await call(api, "POST", "/v1/allowlist", 201, json={"key_id": NS, "label": "docs", "fingerprints": [12]})
+    await call(api, "POST", f"/v1/allowlist/{entry['id']}/fingerprints", 422, json={"fingerprints": [12.0]})
+
+
 async def test_fingerprints_are_stored_packed_in_sorted_chunks(
     sessions: async_sessionmaker[AsyncSession], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,12 +6,12 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from bleedwatch.names import NAME_PATTERN
-from service.wire import NOT_TEXT, KeyId
+from service.wire import STRICT_INT, KeyId
 
 Label = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=NAME_PATTERN)]
 
 
-Fingerprints = str | list[Annotated[int, Field(ge=0, le=2**64 - 1), NOT_TEXT]]
+Fingerprints = str | list[Annotated[int, Field(ge=0, le=2**64 - 1), STRICT_INT]]
 FINGERPRINTS_DOC = "Base64 of little-endian uint64 (or a JSON list); duplicates are stored once."
 
 
