@@ -25,7 +25,7 @@ import httpx
 
 from bleedwatch.plural import counted
 from service.findings.severity import Severity
-from service.incidents.schemas import STATUSES_PATTERN, Order, Sort, Status
+from service.incidents.schemas import Order, Sort, Status, check_statuses
 from service.spreadsheet import safe_cell
 
 PAGE = 500  # the API's largest page
@@ -240,8 +240,8 @@ def _change(status: str | None) -> Callable[[Api, argparse.Namespace, TextIO], N
         revoked = _revoked(incident, response.headers.get("x-request-id"))
         if revoked is not None:
             listed = f" ({_cell(revoked)})" if revoked else ""
-            noun = "entry" if len(revoked) == 1 else "entries"
-            out.write(f"revoked {len(revoked)} allowlist {noun}{listed} that marking it a false positive had created\n")
+            count = counted(len(revoked), "allowlist entry", "allowlist entries")
+            out.write(f"revoked {count}{listed} that marking it a false positive had created\n")
 
     return change
 
@@ -299,11 +299,11 @@ LIVE = "open,acknowledged"  # what --live keeps, with no finding marked false po
 
 
 def statuses(value: str) -> str:
-    """``open,acknowledged``: refused here unless each is a status, as the API would refuse it."""
-    if re.fullmatch(STATUSES_PATTERN, value) is None:
-        known = ", ".join(s.value for s in Status)
-        raise argparse.ArgumentTypeError(f"{value!r}: give one or more of {known}, separated by commas")
-    return value
+    """``open,acknowledged``: refused here unless each is a status, with the API's own check and words."""
+    try:
+        return check_statuses(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: give {exc}") from None
 
 
 def _show_finding(api: Api, args: argparse.Namespace, out: TextIO) -> None:

@@ -36,8 +36,9 @@ _ONE_STATUS = "|".join(s.value for s in Status)
 STATUSES_PATTERN = f"^({_ONE_STATUS})(,({_ONE_STATUS}))*$"
 
 
-def _statuses(value: str) -> str:
-    """The pattern, checked with a sentence that names the statuses (pydantic's would quote the regex)."""
+def check_statuses(value: str) -> str:
+    """The pattern, checked with a sentence that names the statuses (pydantic's would quote the regex);
+    the CLI's ``--status`` and ``--incident-status`` check with it too."""
     if re.fullmatch(STATUSES_PATTERN, value) is None:
         raise ValueError(f"one or more of {', '.join(Status)}, separated by commas")
     return value
@@ -52,7 +53,7 @@ def statuses(value: str) -> tuple[str, ...]:
 # every value it admits is a filter, and anything else is a 422 that lists the statuses.
 Statuses = Annotated[
     str,
-    AfterValidator(_statuses),
+    AfterValidator(check_statuses),
     WithJsonSchema({"type": "string", "pattern": STATUSES_PATTERN, "examples": ["open,acknowledged"]}),
 ]
 
