@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     dead_letter_retention_seconds: int = Field(7 * 86400, ge=60)
     # A held finding the database refuses (not an outage) this many times goes to the outbox's dead letters.
     findings_outbox_max_attempts: int = Field(5, ge=1, le=1000)
+    # A finding waits this long and is judged again before it is raised; 0: at once (service/findings/writer.py).
+    findings_hold_seconds: float = Field(0.0, ge=0, le=86400)
     ingest_reclaim_seconds: float = Field(30.0, gt=0)  # a batch held this long by a silent replica is taken over
     # Per API key token bucket: every request takes one token (an ingest batch is one request); 0 = off.
     rate_limit_per_second: float = Field(50.0, ge=0)
@@ -204,6 +206,15 @@ class Settings(BaseSettings):
                 "rename the target"
             )
         paging.check_secrets(self.paging_targets)
+        return self
+
+    @model_validator(mode="after")
+    def _hold_within_window(self) -> Settings:
+        if self.findings_hold_seconds >= self.retention_seconds:
+            raise ValueError(
+                "BLEEDWATCH_FINDINGS_HOLD_SECONDS must be shorter than BLEEDWATCH_RETENTION_SECONDS: a finding is "
+                "judged again against the fingerprints still in the window"
+            )
         return self
 
     @model_validator(mode="after")

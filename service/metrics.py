@@ -158,6 +158,13 @@ FINDINGS_OUTBOX_FAILURES = Counter(
 FINDINGS_DEAD_LETTERS = Counter("bleedwatch_findings_dead_letters_total", "Held findings moved to the dead letters.")
 # Findings waiting in the outbox right now (every replica reports the shared outbox's length).
 FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
+# BLEEDWATCH_FINDINGS_HOLD_SECONDS: findings put on hold, those waiting now, and those withdrawn after it,
+# by severity (service/findings/writer.py). Put on hold minus withdrawn, over time, is what was raised.
+FINDINGS_DEFERRED = Counter("bleedwatch_findings_deferred_total", "Findings put on hold, to be judged again.")
+FINDINGS_LATER = Gauge("bleedwatch_findings_on_hold", "Findings on hold now.", multiprocess_mode="max")
+FINDINGS_WITHDRAWN = Counter(
+    "bleedwatch_findings_withdrawn_total", "Findings withdrawn when judged again after the hold.", ["severity"]
+)
 
 # --- findings ---------------------------------------------------------------------------------
 # Findings created, by severity (a finding extended with more evidence is not counted again).
@@ -280,9 +287,11 @@ for _queue in DEAD_LETTER_QUEUES:
     DEAD_LETTERS_EXPIRED.labels(_queue)
 # Gauges are set, not just created: in multiprocess mode an unset "mostrecent" gauge is not exported.
 FINDINGS_OUTBOX.set(0)
+FINDINGS_LATER.set(0)
 REDIS_PERSISTENCE_OK.set(0)
 for _severity in SEVERITIES:
     FINDINGS.labels(_severity)
+    FINDINGS_WITHDRAWN.labels(_severity)
     OPEN_INCIDENTS.labels(_severity).set(0)
 for _label in ("model", "node"):
     LABEL_OVERFLOW.labels(_label)

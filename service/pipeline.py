@@ -7,6 +7,7 @@ writer, the same incident policy, the same limits the API checked before queuein
 
 from __future__ import annotations
 
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -14,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from service import metrics
 from service.config import Settings
-from service.findings.writer import FindingsWriter
+from service.findings.draft import FindingDraft
+from service.findings.writer import FindingsWriter, Judge
 from service.incidents import grouping
 from service.index.base import Index
 from service.ingest.decode import Limits
@@ -54,12 +56,26 @@ class Pipeline:
         running.push_async_callback(self.worker.stop)
 
 
+def confirmer(matcher: Matcher) -> Judge:
+    """A finding on hold judged again against the index as it is when the hold is over."""
+
+    async def confirm(draft: FindingDraft) -> bool:
+        if draft.response_ref is None or draft.recipient_ref is None:
+            return True  # held by a version that did not say which response: nothing to judge again
+        return await matcher.confirm(draft.key_id, draft.response_ref, draft.recipient_ref, time.time())
+
+    return confirm
+
+
 def build_pipeline(settings: Settings, sessions: async_sessionmaker[AsyncSession], index: Index) -> Pipeline:
     labels = metrics.Labels.from_settings(settings)  # one per process: writer and ingestor share it
     # Findings join incidents in the session that stores them (service/incidents/grouping.py).
     incident_policy = grouping.Policy(settings.incident_quiet_seconds, paging_routes(settings))
+    known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
+    largest = settings.max_fingerprints_per_text
+    matcher = Matcher(index, known, thresholds(settings), settings.max_request_seconds, largest)
     # Findings held while the database was down, written when it is back; a purged tenant's are
-    # refused; a held finding that keeps failing is moved aside.
+    # refused; a held finding that keeps failing is moved aside; findings on hold are judged again.
     writer = FindingsWriter(
         sessions,
         index.outbox(),
@@ -68,11 +84,12 @@ def build_pipeline(settings: Settings, sessions: async_sessionmaker[AsyncSession
         dead_letter_seconds=settings.dead_letter_retention_seconds,
         policy=incident_policy,
         labels=labels,
+        hold_seconds=settings.findings_hold_seconds,
+        judge=confirmer(matcher),
     )
-    known = KnownFingerprints(sessions, settings.lists_refresh_seconds)
     ingestor = Ingestor(
         index,
-        Matcher(index, known, thresholds(settings), settings.max_request_seconds, settings.max_fingerprints_per_text),
+        matcher,
         sessions,
         limits(settings),
         writer,

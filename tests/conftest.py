@@ -28,6 +28,7 @@ import httpx
 import psycopg
 import pytest
 import redis
+from fastapi import FastAPI
 
 from service.app import create_app
 from service.auth.keys import Role, create_key
@@ -157,6 +158,7 @@ class Api:
 
     client: httpx.AsyncClient
     tokens: dict[Role, str]
+    app: FastAPI
 
     def headers(self, role: Role | None) -> dict[str, str]:
         return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
@@ -192,7 +194,7 @@ async def running_api(settings: Settings) -> AsyncIterator[Api]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bleedwatch.test") as client:
-            yield Api(client, tokens)
+            yield Api(client, tokens, app)
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ async def bleedwatch(settings: Settings) -> AsyncIterator[tuple[Api, httpx.ASGIT
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BLEEDWATCH) as client:
-            yield Api(client, tokens), transport
+            yield Api(client, tokens, app), transport
 
 
 @dataclass

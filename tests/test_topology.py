@@ -83,7 +83,7 @@ async def app_without_workers(settings: Settings) -> AsyncIterator[tuple[Api, Ap
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bleedwatch.test") as client:
-            yield Api(client, tokens), app.state.deps
+            yield Api(client, tokens, app), app.state.deps
 
 
 async def replay(settings: Settings, reverse: bool) -> list[dict[str, Any]]:

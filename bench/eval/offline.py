@@ -111,9 +111,9 @@ async def replay(
 ) -> Replayed:
     """Findings as ``GET /v1/findings`` shows them (the fields the scoring reads), and the seconds it took.
 
-    ``judge_after``: keep only findings that judging again that many seconds of traffic after their first
-    draft still finds (a finding withdrawn then stays withdrawn; one drafted in the last stretch is kept):
-    what holding findings back before raising them would do (bench/eval/RESULTS.md)."""
+    ``judge_after``: keep only findings that ``Matcher.confirm`` still finds that many seconds of traffic
+    after their first draft (a finding withdrawn then stays withdrawn; one drafted in the last stretch is
+    kept): what BLEEDWATCH_FINDINGS_HOLD_SECONDS does (service/findings/writer.py)."""
     settings = Settings()
     start = time.time() - SECONDS_PER_EXCHANGE * (len(traffic.order) + 100)
     index = _Index(
@@ -154,7 +154,7 @@ async def replay(
             for rid, b in list(writer.first_batch.items()):
                 if b <= due and rid not in settled:
                     key_id, ref, tenant = index.responses[rid]
-                    settled[rid] = await matcher.judge_again(key_id, ref, tenant, time.time()) is not None
+                    settled[rid] = await matcher.confirm(key_id, ref, tenant, time.time())
     found = [_as_api(d) for d in writer.drafts.values() if settled.get(d.recipient_request_id, True)]
     return Replayed(found, time.perf_counter() - started, index, matcher)
 

@@ -36,3 +36,12 @@ class FindingDraft:
     # The lowest doc ref of the top source's pieces: of two equally strong findings of one response, the
     # one whose source was accepted first is kept (service/findings/store.py), whatever the order of evaluation.
     source_ref: int | None = None
+    # The response's doc ref and its tenant's ref in the index: what judging it again after the hold
+    # looks up (service/findings/writer.py). Not stored in the database.
+    response_ref: int | None = None
+    recipient_ref: int | None = None
+
+    @property
+    def canary(self) -> bool:
+        """A registered canary's text: raised at once, never held (its text must never show anywhere else)."""
+        return any(s.get("canary") for s in self.evidence.get("sources", ()) if isinstance(s, dict))

@@ -15,6 +15,8 @@ from service.findings.draft import FindingDraft
 from service.findings.models import Finding
 from service.incidents.models import Incident, IncidentFinding
 
+# Draft fields that are the index's business, not the finding's (service/findings/draft.py).
+NOT_STORED = ("response_ref", "recipient_ref")
 NO_REF = 1 << 62  # a finding stored before source_ref existed yields to an equally strong one that has it
 
 
@@ -44,7 +46,7 @@ async def upsert(session: AsyncSession, draft: FindingDraft) -> tuple[int, bool]
     """
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     now = utcnow()
-    values = asdict(draft) | {"detected_at": now, "updated_at": now}
+    values = {k: v for k, v in asdict(draft).items() if k not in NOT_STORED} | {"detected_at": now, "updated_at": now}
     stmt = insert(Finding).values(**values)
     changes = {
         k: stmt.excluded[k] for k in values if k not in ("detected_at", "recipient_tenant", "recipient_request_id")

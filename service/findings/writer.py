@@ -31,6 +31,18 @@ writes it is moved to the outbox's dead letters with its reason
 every round, forever. ``bleedwatch queue requeue-dead`` puts it back once the cause is fixed;
 after ``dead_letter_seconds`` unrequeued it is deleted (``bleedwatch_dead_letters_expired_total``).
 Attempts are counted per process; a replica that takes over abandoned items counts anew.
+
+**The hold** (``hold_seconds``, BLEEDWATCH_FINDINGS_HOLD_SECONDS; 0, the default, raises findings
+at once). Most false findings on traffic the rules were not tuned on quote public text, a notice
+or a license, that one other tenant had sent just before: at that moment it looks exactly like a
+leak of that tenant's prompt, and minutes later more tenants have sent it and it is common. A
+finding on hold waits that long in the outbox (``Outbox.hold_until``), is judged again
+(``judge``: ``Matcher.confirm``) and is written only if it still is one; else it is withdrawn
+(``bleedwatch_findings_withdrawn_total``) and never reaches the database, an incident or a page.
+Canaries are never held. The second judgment lets only public text take a finding back, not what a
+leak itself causes (service/matching/matcher.py ``_classify``). The cost: pages come that much later,
+and a finding is in ``GET /v1/findings`` only once the hold is over (bench/eval/RESULTS.md has
+what it buys).
 """
 
 from __future__ import annotations
@@ -70,8 +82,16 @@ _DATETIMES = {f.name for f in dataclasses.fields(FindingDraft) if "datetime" in 
 _FIELDS = {f.name for f in dataclasses.fields(FindingDraft)}
 
 
-def encode_draft(draft: FindingDraft) -> bytes:
-    return orjson.dumps({"v": 1, "draft": dataclasses.asdict(draft)})
+def encode_draft(draft: FindingDraft, judge: bool = False) -> bytes:
+    """``judge``: a finding on hold, to be judged again before it is written."""
+    held: dict[str, Any] = {"v": 1, "draft": dataclasses.asdict(draft)}
+    if judge:
+        held["judge"] = True
+    return orjson.dumps(held)
+
+
+def to_judge(raw: bytes) -> bool:
+    return orjson.loads(raw).get("judge") is True
 
 
 # Fields renamed since a draft may have been held: a draft written before the upgrade still decodes.
@@ -99,6 +119,8 @@ def decode_draft(raw: bytes) -> FindingDraft:
 
 Written = list[tuple[FindingDraft, int, bool]]
 Tombstones = Callable[[list[str]], Awaitable[dict[str, float]]]
+# Whether a finding on hold still is one (``Matcher.confirm``, wired in service/pipeline.py).
+Judge = Callable[[FindingDraft], Awaitable[bool]]
 
 
 def _tenants(draft: FindingDraft) -> set[str]:
@@ -134,7 +156,11 @@ class FindingsWriter:
         dead_letter_seconds: float = 7 * 86400.0,
         policy: grouping.Policy | None = None,
         labels: metrics.Labels | None = None,
+        hold_seconds: float = 0.0,
+        judge: Judge | None = None,
     ):
+        self.hold_seconds = hold_seconds if judge is not None else 0.0
+        self._judge = judge
         self._dead_letter_seconds = dead_letter_seconds
         self._sessions = sessions
         self._policy = policy or grouping.Policy()  # how findings join incidents, who hears of them
@@ -147,8 +173,13 @@ class FindingsWriter:
         self._loop: Periodic | None = None
 
     async def write(self, drafts: list[FindingDraft]) -> Written | None:
-        """Upsert now; None when the database is down and the drafts were held instead."""
+        """Upsert now, or put on hold; None when the database is down and the drafts were held instead."""
         drafts = await self._unpurged(drafts)
+        later = [d for d in drafts if self._holds(d)]
+        if later:
+            await self._outbox.hold_until([encode_draft(d, judge=True) for d in later], time.time() + self.hold_seconds)
+            metrics.FINDINGS_DEFERRED.inc(len(later))
+            drafts = [d for d in drafts if not self._holds(d)]
         if not drafts:
             return []
         try:
@@ -159,6 +190,9 @@ class FindingsWriter:
             metrics.FINDINGS_HELD.inc(len(drafts))
             log.warning("findings_held", extra={"count": len(drafts), "exc_type": type(exc).__name__})
             return None
+
+    def _holds(self, draft: FindingDraft) -> bool:
+        return self.hold_seconds > 0 and draft.response_ref is not None and not draft.canary
 
     async def _unpurged(self, drafts: list[FindingDraft]) -> list[FindingDraft]:
         if self._tombstones is None or not drafts:
@@ -191,14 +225,20 @@ class FindingsWriter:
             if not claimed:
                 return done
             held: list[tuple[str, bytes, FindingDraft]] = []
-            unreadable = []
+            gone = []  # unreadable, or withdrawn after the hold
             for item_id, raw in claimed:
                 try:
-                    held.append((item_id, raw, decode_draft(raw)))
+                    draft = decode_draft(raw)
+                    judge = to_judge(raw)
                 except (ValueError, TypeError, KeyError) as exc:  # from an incompatible version: say so, once
                     log.error("held_finding_unreadable", extra={"item": item_id, "exc_type": type(exc).__name__})
-                    unreadable.append(item_id)
-            await self._outbox.release(unreadable)
+                    gone.append(item_id)
+                    continue
+                if judge and not await self._confirmed(draft):
+                    gone.append(item_id)
+                else:
+                    held.append((item_id, raw, draft))
+            await self._outbox.release(gone)
             try:
                 written = await self._write_held([draft for _, _, draft in held])
             except DATABASE_DOWN:
@@ -222,6 +262,17 @@ class FindingsWriter:
                 self._attempts.pop(item_id, None)
             done += written
             log.info("held_findings_written", extra={"count": written})
+
+    async def _confirmed(self, draft: FindingDraft) -> bool:
+        """Judged again after the hold; a withdrawn finding is counted and logged (ids only, no text)."""
+        if self._judge is None or await self._judge(draft):
+            return True
+        metrics.FINDINGS_WITHDRAWN.labels(draft.severity).inc()
+        log.info(
+            "finding_withdrawn",
+            extra={"key_id": draft.key_id, "severity": draft.severity, "response_ref": draft.response_ref},
+        )
+        return False
 
     async def _write_held(self, drafts: list[FindingDraft]) -> int:
         drafts = await self._unpurged(drafts)  # held before their tenant was purged: not written
@@ -255,9 +306,13 @@ class FindingsWriter:
         return expired
 
     async def tick(self) -> None:
-        """One round for ``Periodic``: export the outbox's length; expire old dead letters; write what
-        waits in it."""
-        await self.expire_dead(time.time())
+        """One round for ``Periodic``: expire old dead letters; move findings whose hold is over into the
+        outbox; export the lengths; write what waits in the outbox."""
+        now = time.time()
+        await self.expire_dead(now)
+        while await self._outbox.move_due(now, CLAIM_COUNT) == CLAIM_COUNT:
+            pass
+        metrics.FINDINGS_LATER.set(await self._outbox.later_size())
         waiting = await self._outbox.size()
         metrics.FINDINGS_OUTBOX.set(waiting)
         if waiting:

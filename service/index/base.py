@@ -88,6 +88,7 @@ class Lookup(NamedTuple):
     """What the index holds for one fingerprint: ``None`` entries means common."""
 
     entries: tuple[Entry, ...] | None
+    senders: tuple[Entry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,17 @@ class Outbox(Protocol):
 
     async def hold(self, items: list[bytes]) -> None: ...
 
+    async def hold_until(self, items: list[bytes], due: float) -> None:
+        """Keep ``items`` aside until ``due`` (epoch seconds): findings on hold, judged again once due."""
+        ...
+
+    async def move_due(self, now: float, count: int) -> int:
+        """Up to ``count`` items whose ``due`` has come, into the outbox, where they are claimed as any
+        other; how many. Each moves once, whichever replica asks."""
+        ...
+
+    async def later_size(self) -> int: ...
+
     async def claim(self, consumer: str, count: int, min_idle_seconds: float) -> list[tuple[str, bytes]]:
         """Up to ``count`` items: this consumer's own unreleased ones first, then abandoned, then new."""
         ...
@@ -148,7 +160,7 @@ class Outbox(Protocol):
         ...
 
     async def rewrite(self, keep: Rewrite) -> int:
-        """Pass every item, dead letters included, through ``keep``: None deletes it, other bytes
+        """Pass every item, dead letters and items on hold included, through ``keep``: None deletes it, other bytes
         replace it (a tenant purge); how many items changed. An item being written meanwhile is
         written as it was, which the writer's tombstone check (service/findings/writer.py) makes harmless."""
         ...

@@ -13,6 +13,7 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``key_id`` a fingerprint key id):
 - ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
 - ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
+- ``p:{p:outbox}:later``                   sorted set of findings on hold, scored by when to judge them again
 - ``p:{p:queue}:exchanges``                stream of accepted ingest batches not yet processed
 - ``p:{p:queue}:dead``                     batches that failed processing too often, kept for an operator
 - ``p:{p:queue}:result:<id>``              what processing one batch concluded, for a caller waiting on it
@@ -106,6 +107,10 @@ class Keys:
     @property
     def outbox_dead(self) -> str:
         return f"{self.prefix}:{{{self.prefix}:outbox}}:dead"
+
+    @property
+    def outbox_later(self) -> str:
+        return f"{self.prefix}:{{{self.prefix}:outbox}}:later"
 
     @property
     def queue(self) -> str:

@@ -1,7 +1,12 @@
-"""The two ``Outbox`` backends (service/index/base.py): a Redis Stream, and a list in process."""
+"""The two ``Outbox`` backends (service/index/base.py): a Redis Stream, and a list in process.
+
+Findings on hold (``BLEEDWATCH_FINDINGS_HOLD_SECONDS``) wait beside the stream, in a sorted set
+scored by when they are due, and move into it once due; from there they are written as any other.
+"""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 
@@ -29,14 +34,48 @@ return moved
 """
 
 
+# Findings on hold that are due, into the outbox, at most ARGV[2] of them, atomically (one hash tag).
+_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, item in ipairs(due) do
+  redis.call('XADD', KEYS[2], '*', 'd', item)
+  redis.call('ZREM', KEYS[1], item)
+end
+return #due
+"""
+
+# A finding on hold replaced by another version of it (a purge), unless it has just moved into the outbox.
+_REPLACE_LATER = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= '' then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+end
+return 1
+"""
+
+
 class RedisOutbox:
-    """``p:{p:outbox}:findings``: one stream entry per finding, one consumer group for all replicas."""
+    """``p:{p:outbox}:findings``: one stream entry per finding, one consumer group for all replicas;
+    ``p:{p:outbox}:later``: findings on hold."""
 
     def __init__(self, client: Redis | RedisCluster, keys: Keys) -> None:
         self._r = client
         self._key = keys.outbox
         self._dead = keys.outbox_dead
+        self._later = keys.outbox_later
         self._group = Group(client, self._key, GROUP)
+
+    async def hold_until(self, items: list[bytes], due: float) -> None:
+        if items:
+            metrics.REDIS_ROUND_TRIPS.inc()
+            await self._r.zadd(self._later, dict.fromkeys(items, due))
+
+    async def move_due(self, now: float, count: int) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.eval(_DUE, 2, self._later, self._key, now, count))
+
+    async def later_size(self) -> int:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        return int(await self._r.zcard(self._later))
 
     async def hold(self, items: list[bytes]) -> None:
         if not items:
@@ -98,7 +137,17 @@ class RedisOutbox:
         return int(await self._r.xtrim(self._dead, minid=f"{max(0, int(before * 1000))}-0", approximate=False))
 
     async def rewrite(self, keep: Rewrite) -> int:
-        changed = await rewrite_stream(self._r, self._key, b"d", keep)
+        """Findings on hold first: one that becomes due meanwhile is then in the stream, rewritten next."""
+        changed = 0
+        metrics.REDIS_ROUND_TRIPS.inc()
+        later: list[tuple[bytes, float]] = await self._r.zrange(self._later, 0, -1, withscores=True)  # type: ignore[assignment]
+        for item, due in later:
+            new = keep(item)
+            if new != item:
+                metrics.REDIS_ROUND_TRIPS.inc()
+                await self._r.eval(_REPLACE_LATER, 1, self._later, item, b"" if new is None else new, due)
+                changed += 1
+        changed += await rewrite_stream(self._r, self._key, b"d", keep)
         return changed + await rewrite_stream(self._r, self._dead, b"d", keep)
 
 
@@ -106,6 +155,7 @@ class MemoryOutbox:
     """For the embedded default: one process, so claiming is bookkeeping only."""
 
     def __init__(self) -> None:
+        self._later: list[tuple[float, int, bytes]] = []  # a heap of (due, order, item)
         self._items: dict[str, bytes] = {}
         self._claimed: dict[str, tuple[str, float]] = {}
         self._ids = itertools.count(1)
@@ -115,6 +165,20 @@ class MemoryOutbox:
     async def hold(self, items: list[bytes]) -> None:
         for item in items:
             self._items[f"{next(self._ids)}-0"] = item
+
+    async def hold_until(self, items: list[bytes], due: float) -> None:
+        for item in items:
+            heapq.heappush(self._later, (due, next(self._ids), item))
+
+    async def move_due(self, now: float, count: int) -> int:
+        due: list[bytes] = []
+        while self._later and self._later[0][0] <= now and len(due) < count:
+            due.append(heapq.heappop(self._later)[2])
+        await self.hold(due)
+        return len(due)
+
+    async def later_size(self) -> int:
+        return len(self._later)
 
     async def claim(self, consumer: str, count: int, min_idle_seconds: float) -> list[tuple[str, bytes]]:
         """As the stream does: this consumer's own claimed items, else abandoned ones, else new ones."""
@@ -160,6 +224,14 @@ class MemoryOutbox:
 
     async def rewrite(self, keep: Rewrite) -> int:
         changed = 0
+        later = []
+        for due, order, item in self._later:
+            new = keep(item)
+            changed += new != item
+            if new is not None:
+                later.append((due, order, new))
+        heapq.heapify(later)
+        self._later = later
         dead = []
         for item_id, item, reason in self.dead:
             new = keep(item)

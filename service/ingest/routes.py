@@ -122,6 +122,7 @@ async def queue_status(index: IndexDep, _: Reader) -> QueueStatus:
         queued=await queue.size(),
         dead_letters=await queue.dead_size(),
         findings_held=await outbox.size(),
+        findings_on_hold=await outbox.later_size(),
         findings_dead_letters=await outbox.dead_size(),
     )
 

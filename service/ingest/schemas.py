@@ -117,6 +117,10 @@ class QueueStatus(BaseModel):
     findings_held: int = Field(
         description="Findings made but not yet written to the database (held while it is unreachable)."
     )
+    findings_on_hold: int = Field(
+        0,
+        description="Findings waiting out BLEEDWATCH_FINDINGS_HOLD_SECONDS, to be judged again before they are raised.",
+    )
     findings_dead_letters: int = Field(
         description="Held findings the database kept refusing (BLEEDWATCH_FINDINGS_OUTBOX_MAX_ATTEMPTS): "
         "not written until put back with bleedwatch queue requeue-dead."

@@ -159,6 +159,7 @@ class Candidate:
     """
 
     ref: int
+    recipient: int  # the recipient tenant's ref
     meta: DocMeta
     response: Response
     own: list[Match]
@@ -328,19 +329,22 @@ class Matcher:
             },
             matched_values=_matched_values(meta, top.stretches),
             source_ref=top.first_ref,
+            response_ref=c.ref,
+            recipient_ref=c.recipient,
         )
 
     async def _again(
-        self, key_id: str, ref: int, recipient: int, now: float
+        self, key_id: str, ref: int, recipient: int, now: float, held: bool = False
     ) -> tuple[Candidate, list[Lookup], dict[int, Source]] | None:
-        """One response classified against the index as it is now, with its sources: for the evaluation's
-        diagnoses (``why``, ``judge_again``), which ask about a response long after it was judged."""
+        """One response classified against the index as it is now, with its sources: for ``confirm``
+        (``held``: a second judgment's rules) and the evaluation's diagnoses (``why``, ``judge_again``),
+        which ask about a response long after it was judged."""
         meta = (await self._index.get_docs(key_id, [ref], now)).get(ref)
         if meta is None or meta.values is None:
             return None
         known = await self._known.get(key_id)
         lookups = await self._index.lookup(key_id, meta.values, now)
-        (c,) = _classify_all([(ref, recipient, meta)], lookups, known)
+        (c,) = await asyncio.to_thread(_classify_all, [(ref, recipient, meta)], lookups, known, held)
         return c, lookups, await self._sources(key_id, sorted(c.refs()), known, now)
 
     async def judge_again(self, key_id: str, ref: int, recipient: int, now: float) -> FindingDraft | None:
@@ -353,6 +357,17 @@ class Matcher:
             return None
         c, _, sources = again
         return self._judge(key_id, c, sources, _params(sources), Budget())
+
+    async def confirm(self, key_id: str, ref: int, recipient: int, now: float) -> bool:
+        """Whether a response is still a finding, judged again after the hold (service/findings/writer.py),
+        when the rest of the traffic may have shown its text to be public: several tenants sent it
+        since, or an operator allowlisted it. Only that takes a finding back (``_classify``, ``again``).
+        A response no longer in the window is kept: there is nothing left to judge it against."""
+        again = await self._again(key_id, ref, recipient, now, held=True)
+        if again is None:
+            return True
+        c, _, sources = again
+        return self._judge(key_id, c, sources, _params(sources), Budget()) is not None
 
     async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
         """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
@@ -489,19 +504,32 @@ class Shared:
         return out
 
 
-def _classify_all(todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known) -> list[Candidate]:
+def _classify_all(
+    todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known, again: bool = False
+) -> list[Candidate]:
     out = []
     start = 0
     for ref, tenant_ref, meta in todo:
         assert meta.values is not None
         lookups = everything[start : start + len(meta.values)]
         start += len(meta.values)
-        out.append(_classify(ref, tenant_ref, meta, lookups, known))
+        out.append(_classify(ref, tenant_ref, meta, lookups, known, again))
     return out
 
 
-def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known) -> Candidate:
-    """Each fingerprint of the response: blind, or who had it, in a prompt or in an answer."""
+def _classify(
+    ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, again: bool = False
+) -> Candidate:
+    """Each fingerprint of the response: blind, or who had it, in a prompt or in an answer.
+
+    ``again``: judged a second time, after the hold (``Matcher.confirm``), only what has since shown
+    the text to be public may take a finding back, never what the leak itself caused. So text common
+    because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is still
+    evidence of whoever sent it (one prompt leaked into many answers is the incident itself), and
+    the recipient's prompts accepted after the response are not its own text (a chat sends the
+    leaked answer back in its next turn). Refs are given in order of acceptance, a response's prompt
+    the ref before it (service/ingest/service.py).
+    """
     assert meta.values is not None
     assert meta.offsets is not None
     own: list[Match] = []
@@ -520,14 +548,19 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
                 source_offset = int(known.canaries.offsets[canary_pos[i]])
                 sent.setdefault(CanarySource(cid), []).append(Match(offset, -cid, source_offset))
             continue
-        if found.entries is None:
-            blind[i] = True
-            continue  # common: shared by many tenants
-        mine = next((e for e in found.entries if e.tenant == recipient), None)
+        entries = found.entries
+        if entries is None:
+            if not (again and found.senders):
+                blind[i] = True
+                continue  # common: shared by many tenants
+            entries = found.senders
+        mine = next((e for e in entries if e.tenant == recipient), None)
+        if again and mine is not None and mine.doc > ref:
+            mine = None  # the recipient's own text only from after this answer: what it was told
         if mine is not None and mine.kinds & PROMPT_BIT:
             own.append(Match(offset, mine.doc, mine.offset))  # self-echo: the recipient sent this text
             continue
-        others = [e for e in found.entries if e.tenant != recipient]
+        others = [e for e in entries if e.tenant != recipient]
         senders = [e for e in others if e.kinds & PROMPT_BIT]
         if mine is not None and mine.doc != ref:
             before[offset] = mine.doc
@@ -543,9 +576,8 @@ def _classify(ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], kn
             served.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))
         elif served_to:
             dropped.append((offset, served_to))
-    return Candidate(
-        ref, meta, Response(meta.values, meta.offsets, blind, meta.params), own, sent, served, dropped, before
-    )
+    response = Response(meta.values, meta.offsets, blind, meta.params)
+    return Candidate(ref, recipient, meta, response, own, sent, served, dropped, before)
 
 
 @dataclass(frozen=True, slots=True)
