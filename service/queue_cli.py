@@ -33,8 +33,8 @@ async def queue_command(command: str) -> int:
             print(f"{counted(moved, 'held finding')} put back in the findings outbox")
         queued, dead = await queue.size(), await queue.dead_size()
         print(f"{counted(queued, 'batch', 'batches')} queued, {counted(dead, 'dead letter')}")
-        held, dead = await outbox.size(), await outbox.dead_size()
-        print(f"{counted(held, 'finding')} held, {counted(dead, 'dead letter')}")
+        held, dead, later = await outbox.size(), await outbox.dead_size(), await outbox.later_size()
+        print(f"{counted(held, 'finding')} held, {counted(dead, 'dead letter')}, {later:,} on hold")
     finally:
         await index.close()
     return 0

@@ -233,7 +233,7 @@ def test_sharded_queue_status_from_the_cli_sums_the_shards(redis_cluster: RedisC
 
         out = cli("status")
         assert "3 batches queued, 0 dead letters" in out
-        assert "0 findings held, 1 dead letter\n" in out
+        assert "0 findings held, 1 dead letter, 0 on hold\n" in out
         out = cli("requeue-dead")  # the findings outbox's dead letters go back too
         assert "1 held finding put back in the findings outbox" in out
         assert "1 finding held, 0 dead letters" in out
