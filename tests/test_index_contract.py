@@ -10,7 +10,8 @@ import pytest
 
 from bleedwatch.fingerprint.scheme import Params
 from service.config import Settings
-from service.index.base import Doc, DocMeta, Index, Kind
+from service.index.base import Doc, DocMeta, Entry, Index, Kind, Lookup
+from service.index.window import Window
 from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words
 
@@ -137,6 +138,92 @@ async def test_text_in_many_answers_is_common_but_a_leak_to_a_few_is_not(index: 
         assert sorted((h.tenant, h.doc) for h in hits) == [(t, t) for t in range(1, tenant)]
     await index.insert(NS, [doc(8, 8, Kind.RESPONSE, source)], NOW)  # eighth tenant: common_tenants=8
     assert all(x.entries is None for x in await index.lookup(NS, fp(source).values, NOW))
+
+
+def senders_of(found: list[Lookup]) -> set[tuple[int, int, int, int]]:
+    """The (tenant, doc, offset, kinds) kept for a text's fingerprints, all of them common."""
+    assert all(x.entries is None for x in found)
+    return {(e.tenant, e.doc, e.offset, e.kinds) for x in found for e in x.senders}
+
+
+async def test_a_prompt_leaked_into_many_answers_keeps_its_sender(index: Index) -> None:
+    """The answers make it common (common_tenants=8), but its one sender is still known: a later
+    judgment must not take the leak, which made it common, for public text."""
+    source = words("argparse", 0, 80)
+    f = fp(source)
+    await index.insert(NS, [doc(5, 1, Kind.PROMPT, source)], NOW)
+    for tenant in range(2, 10):
+        await index.insert(NS, [doc(10 + tenant, tenant, Kind.RESPONSE, source)], NOW)
+    found = await index.lookup(NS, f.values, NOW)
+    assert all(x.entries is None for x in found)
+    for x, offset in zip(found, f.offsets.tolist(), strict=True):
+        assert x.senders == (Entry(1, 5, offset, Kind.PROMPT),)
+    # A common value makes no hits, its sender's answers included.
+    assert await index.insert(NS, [doc(30, 1, Kind.RESPONSE, source), doc(31, 12, Kind.RESPONSE, source)], NOW) == []
+    assert senders_of(await index.lookup(NS, f.values, NOW)) == {(1, 5, o, Kind.PROMPT) for o in f.offsets.tolist()}
+
+
+async def test_senders_are_kept_until_they_make_it_common(index: Index) -> None:
+    source = words("csv", 0, 80)
+    f = fp(source)
+    await index.insert(NS, [doc(10, 1, Kind.PROMPT, source), doc(20, 2, Kind.PROMPT, source)], NOW)
+    for tenant in range(3, 9):  # the eighth tenant to hold it
+        await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
+    kept = senders_of(await index.lookup(NS, f.values, NOW))
+    assert {(t, d, k) for t, d, _, k in kept} == {(1, 10, Kind.PROMPT), (2, 20, Kind.PROMPT)}
+    # A kept sender's earlier prompt, processed late, becomes its entry; a later one changes nothing.
+    await index.insert(NS, [doc(15, 2, Kind.PROMPT, source), doc(25, 1, Kind.PROMPT, source)], NOW)
+    kept = senders_of(await index.lookup(NS, f.values, NOW))
+    assert {(t, d, k) for t, d, _, k in kept} == {(1, 10, Kind.PROMPT), (2, 15, Kind.PROMPT)}
+    await index.insert(NS, [doc(40, 9, Kind.PROMPT, source)], NOW)  # the third sender: common_prompt_tenants=3
+    assert senders_of(await index.lookup(NS, f.values, NOW)) == set()
+
+
+async def test_a_sender_after_it_became_common_is_kept(index: Index) -> None:
+    source = words("heapq", 0, 80)
+    f = fp(source)
+    for tenant in range(1, 9):
+        await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
+    assert senders_of(await index.lookup(NS, f.values, NOW)) == set()  # common, no sender
+    await index.insert(NS, [doc(20, 3, Kind.PROMPT, source)], NOW)
+    kept = senders_of(await index.lookup(NS, f.values, NOW))
+    assert {(t, d, k) for t, d, _, k in kept} == {(3, 20, Kind.PROMPT)}
+
+
+async def test_text_in_many_answers_and_no_prompt_has_no_senders(index: Index) -> None:
+    source = words("json", 0, 80)
+    for tenant in range(1, 9):
+        await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
+    found = await index.lookup(NS, fp(source).values, NOW)
+    assert all(x.entries is None and x.senders == () for x in found)
+
+
+async def test_senders_are_merged_over_the_window(index: Index, settings: Settings) -> None:
+    """A sender's prompt in an older generation is found beside a newer one where it became common,
+    counts with the senders kept there, and leaves with its own generation."""
+    window = Window(settings.retention_seconds, settings.index_generations)
+    start = window.current(NOW) * window.generation_seconds + 1
+    source = words("socket", 0, 80)
+    f = fp(source)
+    await index.insert(NS, [doc(7, 1, Kind.PROMPT, source)], start)
+    later = start + window.generation_seconds
+    for tenant in range(2, 10):
+        await index.insert(NS, [doc(10 + tenant, tenant, Kind.RESPONSE, source)], later)
+    kept = senders_of(await index.lookup(NS, f.values, later))
+    assert {(t, d, k) for t, d, _, k in kept} == {(1, 7, Kind.PROMPT)}
+    # Once the sender's generation has left the window, the value stays common, with no sender.
+    gone = start + (window.generations + 0.5) * window.generation_seconds
+    assert window.current(gone) - window.current(start) == window.generations
+    assert senders_of(await index.lookup(NS, f.values, gone)) == set()
+    # Senders add up over generations: two kept in the older one, a third in a newer one.
+    other = words("http", 0, 80)
+    g = fp(other)
+    await index.insert(NS, [doc(50, 1, Kind.PROMPT, other), doc(51, 2, Kind.PROMPT, other)], start)
+    for tenant in range(3, 9):
+        await index.insert(NS, [doc(50 + tenant, tenant, Kind.RESPONSE, other)], start)
+    assert {t for t, *_ in senders_of(await index.lookup(NS, g.values, later))} == {1, 2}
+    await index.insert(NS, [doc(60, 9, Kind.PROMPT, other)], later)
+    assert senders_of(await index.lookup(NS, g.values, later)) == set()
 
 
 async def test_namespaces_are_separate(index: Index) -> None:

@@ -91,6 +91,31 @@ async def test_buckets_are_compact_listpacks(index: Index, settings: Settings) -
     assert 0 < await client.ttl(key) <= r._window.ttl_seconds
 
 
+async def test_a_value_common_by_holders_stores_its_senders_after_a_marker(index: Index, settings: Settings) -> None:
+    """'(' then the senders' entries (keys.py): '(' is 40, a multiple of 4, which no entry starts
+    with; the entries of tenants that only received it are dropped, and '*' replaces it all once
+    common_prompt_tenants (3) tenants sent it."""
+    r = redis_of(index)
+    values = np.array([0xA7B3000000000001], dtype=np.uint64)
+    offsets = np.array([500], dtype=np.uint32)
+    await r.insert(NS, [Doc(123_456_789, 42, Kind.PROMPT, values, offsets)], NOW)
+    for tenant in range(100, 107):  # the eighth tenant makes it common
+        await r.insert(NS, [Doc(tenant, tenant, Kind.RESPONSE, values, offsets + 1)], NOW)
+    gen = int(NOW // settings.generation_seconds)
+    key = f"{Keys(settings.key_prefix).shard(NS, 0xA7)}:{gen}:".encode() + b"\xb3"
+    rest = int(values[0]) & ((1 << 48) - 1)
+    field = ((rest ^ (rest >> 24)) & 0xFFFFFF).to_bytes(3, "big")
+    sender = varint(42 * 4 + 1) + (123_456_789).to_bytes(4, "big") + varint(500)
+    assert await r.client.hget(key, field) == b"(" + sender
+    await r.insert(NS, [Doc(7, 107, Kind.RESPONSE, values, offsets)], NOW)
+    await r.insert(NS, [Doc(8, 108, Kind.PROMPT, values, offsets + 2)], NOW)
+    assert await r.client.hget(key, field) == b"(" + sender + varint(108 * 4 + 1) + (8).to_bytes(4, "big") + varint(502)
+    await r.insert(NS, [Doc(9, 109, Kind.PROMPT, values, offsets)], NOW)
+    assert await r.client.hget(key, field) == b"*"
+    await r.insert(NS, [Doc(10, 110, Kind.PROMPT, values, offsets)], NOW)
+    assert await r.client.hget(key, field) == b"*"
+
+
 async def test_doc_refs_wrap_before_two_to_the_32(index: Index, settings: Settings) -> None:
     r = redis_of(index)
     await r.client.set(Keys(settings.key_prefix).doc_seq, DOC_REF_LIMIT - 3)

@@ -9,7 +9,10 @@ ref, whatever order they arrived in) and the fingerprint's token offset there,
 and whether the tenant had it in a prompt, a response or both. A fingerprint becomes *common*
 (shared boilerplate) and its entries are dropped once ``common_prompt_tenants`` tenants sent it
 in prompts, or ``common_tenants`` tenants had it at all: only senders count towards the first,
-so one tenant's text leaking into several answers keeps being evidence.
+so one tenant's text leaking into several answers keeps being evidence. Common only by holders,
+it keeps its senders' prompt entries (fewer than ``common_prompt_tenants``: bounded): a later
+judgment of a finding can then tell one tenant's prompt leaked into many answers, which the
+leak itself makes common, from text that has become public.
 """
 
 from __future__ import annotations
@@ -85,7 +88,16 @@ class Hit:
 
 
 class Lookup(NamedTuple):
-    """What the index holds for one fingerprint: ``None`` entries means common."""
+    """What the index holds for one fingerprint: ``None`` entries means common.
+
+    ``senders`` is non-empty only when entries is None because ``common_tenants`` tenants hold it
+    while fewer than ``common_prompt_tenants`` sent it: those tenants' prompt entries (the tenant,
+    its prompt with the lowest ref, the offset there, kinds with the PROMPT bit), merged over the
+    live generations. Common by senders (``common_prompt_tenants`` of them over those generations),
+    it is ``()``. The first judgment reads ``entries`` only; a later one, before a finding is
+    raised, needs the senders to see that a leak of one tenant's prompt into many answers, which
+    made it common, is still that tenant's text.
+    """
 
     entries: tuple[Entry, ...] | None
     senders: tuple[Entry, ...] = ()
@@ -307,7 +319,7 @@ class Index(Protocol):
 
     async def purge_tenant(self, name: str, now: float) -> int:
         """Tombstone the tenant (``purged``), forget its name, delete its documents' metadata; how
-        many documents. Its fingerprints' entries stay until they expire (the index cannot be
-        searched by tenant), but without their documents they can no longer make or explain a
+        many documents. Its fingerprints' entries, kept senders included, stay until they expire (the
+        index cannot be searched by tenant), but without their documents they can no longer make or explain a
         finding."""
         ...

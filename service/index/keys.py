@@ -30,8 +30,10 @@ over the slots (and so the nodes), while a shard's stream, dead letters and resu
 together for its transactions.
 
 Index hashes (``ix3``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
-shard and bucket; the field is 3 bytes folded from the rest (below), the value ``*`` once it is common, else
-one ``varint(tenant * 4 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant. Each
+shard and bucket; the field is 3 bytes folded from the rest (below), the value ``*`` once it is common by
+senders, else one ``varint(tenant * 4 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant;
+common only by holders, ``(`` then the entries of its senders in that generation (fewer than
+``BLEEDWATCH_COMMON_PROMPT_TENANTS``). ``(`` is 40: no entry's first byte is 0 mod 4 (its kinds). Each
 shard and generation also has a presence filter bitmap, so the common case (a new fingerprint)
 skips the bucket read. Sizes and Redis settings: docs/capacity.md.
 """

@@ -29,7 +29,15 @@ from service.index.outbox import MemoryOutbox
 from service.index.queue import MemoryQueue
 from service.index.window import Window
 
-# A generation's fingerprint table: value -> entries by tenant, or None once common.
+
+class _Held(dict[int, Entry]):
+    """A value common only by holders: the entries of its senders (in this generation), no others."""
+
+    __slots__ = ()
+
+
+# A generation's fingerprint table: value -> entries by tenant; _Held once common by holders with
+# fewer than common_prompt_tenants senders; None once common by senders (lua/common.lua's '*').
 _Table = dict[int, dict[int, Entry] | None]
 _ABSENT: dict[int, Entry] = {}  # a sentinel: not in the table
 
@@ -116,29 +124,27 @@ class MemoryIndex:
         self._expire(now)
         return {ref: self._docs[(key_id, ref)][1] for ref in refs if (key_id, ref) in self._docs}
 
-    def _merged(self, key_id: str, value: int, gens: Iterable[int]) -> dict[int, Entry] | None:
-        """Entries over the live generations, oldest first; None when common."""
+    def _merged(self, key_id: str, value: int, gens: Iterable[int]) -> tuple[dict[int, Entry] | None, bool]:
+        """Entries over the live generations, oldest first (a held generation gives its senders'), and
+        whether it is common by holders; None when common by senders."""
         merged: dict[int, Entry] = {}
+        held = False
         for gen in gens:
             table = self._tables.get((key_id, gen))
             if table is None:
                 continue
             entries = table.get(value, _ABSENT)
             if entries is None:
-                return None
+                return None, True
             if entries is _ABSENT:
                 continue
+            held = held or type(entries) is _Held
             for tenant, entry in entries.items():
                 old = merged.get(tenant)
                 merged[tenant] = entry if old is None else _fold(old, entry.doc, entry.offset, entry.kinds)
-        return None if merged and self._is_common(merged.values()) else merged
-
-    def _is_common(self, entries: Iterable[Entry]) -> bool:
-        held = senders = 0
-        for e in entries:
-            held += 1
-            senders += e.kinds & PROMPT_BIT
-        return senders >= self._common_prompt or held >= self._common_any
+        if merged and _senders(merged.values()) >= self._common_prompt:
+            return None, True
+        return merged, held or len(merged) >= self._common_any
 
     async def insert(self, key_id: str, docs: list[Doc], now: float) -> list[Hit]:
         self._expire(now)
@@ -155,28 +161,37 @@ class MemoryIndex:
                 if since_yield == YIELD_EVERY:  # one text may hold 500,000
                     since_yield = 0
                     await asyncio.sleep(0)
-                merged = self._merged(key_id, value, gens)
+                merged, held = self._merged(key_id, value, gens)
                 if merged is None:
                     current[value] = None
                     continue
                 mine = merged.get(doc.tenant)
-                for tenant, other in merged.items():
-                    if tenant != doc.tenant and _counts(kind, doc.ref, mine, other):
-                        key = (pos, tenant, other.doc, other.kinds)
-                        counts[key] = counts.get(key, 0) + 1
+                if not held:
+                    for tenant, other in merged.items():
+                        if tenant != doc.tenant and _counts(kind, doc.ref, mine, other):
+                            key = (pos, tenant, other.doc, other.kinds)
+                            counts[key] = counts.get(key, 0) + 1
                 after = dict(merged)
                 after[doc.tenant] = (
                     Entry(doc.tenant, doc.ref, offset, kind) if mine is None else _fold(mine, doc.ref, offset, kind)
                 )
-                if self._is_common(after.values()):
+                if _senders(after.values()) >= self._common_prompt:
                     current[value] = None
                     continue
-                entries = current.get(value) or {}
+                stored = current.get(value)  # not None: _merged would have said common
+                entries: dict[int, Entry] = {} if stored is None else stored
+                held = held or len(after) >= self._common_any
+                if held and not isinstance(entries, _Held):
+                    # Held in this generation too, so that it stays common after the ones that made it so
+                    # expire (as None does).
+                    entries = _Held((t, e) for t, e in entries.items() if e.kinds & PROMPT_BIT)
+                current[value] = entries
+                if held and not kind & PROMPT_BIT:
+                    continue  # only a sender changes what is kept
                 old = entries.get(doc.tenant)
                 entries[doc.tenant] = (
                     Entry(doc.tenant, doc.ref, offset, kind) if old is None else _fold(old, doc.ref, offset, kind)
                 )
-                current[value] = entries
         return [Hit(pos, tenant, ref, Kind(kinds), count) for (pos, tenant, ref, kinds), count in counts.items()]
 
     async def lookup(self, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
@@ -185,8 +200,13 @@ class MemoryIndex:
         for i, value in enumerate(values.tolist()):
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            merged = self._merged(key_id, value, gens)
-            out.append(Lookup(None if merged is None else tuple(merged.values())))
+            merged, held = self._merged(key_id, value, gens)
+            if merged is None:
+                out.append(Lookup(None))
+            elif held:
+                out.append(Lookup(None, tuple(e for e in merged.values() if e.kinds & PROMPT_BIT)))
+            else:
+                out.append(Lookup(tuple(merged.values())))
         return out
 
     async def done(self, keys: list[str], now: float) -> list[bool]:
@@ -228,6 +248,10 @@ class MemoryIndex:
             del self._docs[doc_key]
         for done_key in [k for k, gen in self._done.items() if gen < oldest]:
             del self._done[done_key]
+
+
+def _senders(entries: Iterable[Entry]) -> int:
+    return sum(e.kinds & PROMPT_BIT for e in entries)
 
 
 def _fold(entry: Entry, doc: int, offset: int, kinds: int) -> Entry:

@@ -55,6 +55,7 @@ DEFAULT_TENANT_CACHE_SIZE = 100_000
 PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
 KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
+_KINDS_BITS = int(Kind.PROMPT | Kind.RESPONSE)  # a lookup row's kinds without lookup.lua's SENDER flag
 
 _TENANT_REFS = """
 local out = {}
@@ -482,8 +483,9 @@ class RedisIndex:
             pos, j = positions[i], i
             while j < n and positions[j] == pos:
                 j += 1
-            if kinds[i] == 0:
-                out[pos] = Lookup(None)
+            if kinds[i] == 0:  # common; rows after it are its senders, flagged (lookup.lua)
+                senders = tuple(Entry(tenants[k], refs[k], offsets[k], kinds[k] & _KINDS_BITS) for k in range(i + 1, j))
+                out[pos] = Lookup(None, senders)
             else:
                 out[pos] = Lookup(tuple(Entry(tenants[k], refs[k], offsets[k], kinds[k]) for k in range(i, j)))
             i = j

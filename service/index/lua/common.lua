@@ -1,14 +1,20 @@
 -- Shared by insert.lua and lookup.lua: redis_index.py puts this file in front of each of them,
 -- since a Redis script cannot load another. Layout and entry encoding: service/index/keys.py.
 --
--- Stored value per field: '*' once common, else entries of
+-- Stored value per field: '*' once common by senders, else entries of
 --          varint(tenant * 4 + kinds) . doc u32 big-endian . varint(offset)
--- (kinds: 1 prompt, 2 response; varint: 7 bits a byte, low first, high bit = more follows).
+-- (kinds: 1 prompt, 2 response; varint: 7 bits a byte, low first, high bit = more follows),
+-- or, once common only because many tenants hold it, '(' followed by the entries of its senders
+-- (fewer than common_prompt_tenants): a later judgment can then tell one tenant's prompt leaked
+-- into many answers from public text. Unambiguous: an entry's first byte mod 4 is its kinds,
+-- never 0, and '(' is 40, so no entries value starts with it; an entry is at least 6 bytes, so
+-- no entries value is '*'.
 
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 local spack, sunpack = struct.pack, struct.unpack
 local band, bor = bit.band, bit.bor
 local PROMPT, RESPONSE, COMMON = 1, 2, '*'
+local HELD, HELD_BYTE = '(', 40  -- common by holders: the senders' entries follow
 local CHUNK = 1000  -- BITFIELD subcommands per call: Lua's unpack has a C stack limit
 
 -- Each record's bit in its shard's presence filters, from decimal text: redis.call takes it as
@@ -19,10 +25,10 @@ local function parse_bits(text)
   return out
 end
 
--- Calls fn(tenant, doc, offset, kinds, first byte, byte after) for each entry of a stored value,
--- until fn returns true.
-local function each(value, fn)
-  local i, n = 1, #value
+-- Calls fn(tenant, doc, offset, kinds, first byte, byte after) for each entry of a stored value
+-- from byte `from` on (2 past a HELD marker), until fn returns true.
+local function each(value, from, fn)
+  local i, n = from, #value
   while i <= n do
     local start, x, m, b = i, 0, 1, 128
     while b >= 128 do
@@ -49,10 +55,10 @@ local function fold(e, d, o, k)
   e[3] = bor(e[3], k)
 end
 
--- All of a value's entries merged per tenant into `merged` (tenant -> {doc, offset, kinds}),
--- tenants in order of first appearance appended to `tenants`.
-local function merge(value, merged, tenants)
-  each(value, function(t, d, o, k)
+-- All of a value's entries from byte `from` on merged per tenant into `merged` (tenant -> {doc,
+-- offset, kinds}), tenants in order of first appearance appended to `tenants`.
+local function merge(value, from, merged, tenants)
+  each(value, from, function(t, d, o, k)
     if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
   end)
 end

@@ -21,7 +21,10 @@
 -- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
 -- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
 -- that generation, and the read is skipped. Filters and buckets expire at the same second.
--- Stored value per field: '*' once common, else entries as common.lua says.
+-- Stored value per field: '*' once common by senders, HELD and its senders' entries once common
+-- only by holders, else entries, as common.lua says. A HELD value keeps the senders' entries of
+-- this generation (fewer than ARGV[4]: bounded); '*' replaces it once the senders, over all
+-- generations, reach ARGV[4]. A response changes no kept sender.
 -- An entry's doc is the tenant's prompt with the fingerprint with the lowest ref, else its response
 -- with the lowest ref (common.lua's fold), whatever order they arrived in.
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
@@ -64,6 +67,35 @@ local function set_bits(key, offsets)
   end
 end
 
+-- `value` (its entries from byte `from` on) with this record's entry folded into its tenant's,
+-- or appended; nil when that changes nothing.
+local function with_entry(value, from, tenant, doc, offset, kind, mine_entry)
+  local found, out = false, nil
+  each(value, from, function(t, d, o, k, first, after)
+    if t ~= tenant then return false end
+    found = true
+    local e = {d, o, k}
+    fold(e, doc, offset, kind)
+    if e[1] ~= d or e[2] ~= o or e[3] ~= k then
+      out = sub(value, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(value, after)
+    end
+    return true
+  end)
+  if not found then return value .. mine_entry end
+  return out
+end
+
+-- A value common by holders, for the current generation: HELD, then the senders' entries of
+-- `value` (this generation's entries, or nil), raw.
+local function held_of(value)
+  if not value then return HELD end
+  local parts = {HELD}
+  each(value, 1, function(t, d, o, k, first, after)
+    if band(k, PROMPT) == PROMPT then parts[#parts + 1] = sub(value, first, after - 1) end
+  end)
+  return table.concat(parts)
+end
+
 local hits, order = {}, {}
 local NONE = {}
 local at, r = 1, 0  -- byte position in records, index of the last record read
@@ -85,7 +117,8 @@ for s, base in ipairs(KEYS) do
     local pos, tenant, doc, kind, bucket, field, offset, mine_entry, next_at = sunpack(format, records, at)
     at = next_at
     local bit_arg = bit_offsets[r]
-    local merged, tenants, common, current = NONE, NONE, false, nil
+    -- common: by senders ('*'); held: by holders, with fewer senders (HELD, or counted here).
+    local merged, tenants, common, held, current = NONE, NONE, false, false, nil
     for gen = first_gen, cur do
       if present[gen][i] == 1 or (gen == cur and set_now[bit_arg]) then
         local value = redis.call('HGET', gen_base[gen] .. bucket, field)
@@ -93,19 +126,23 @@ for s, base in ipairs(KEYS) do
           if gen == cur then current = value end
           if value == COMMON then common = true break end
           if merged == NONE then merged, tenants = {}, {} end
-          merge(value, merged, tenants)
+          if byte(value) == HELD_BYTE then
+            held = true
+            merge(value, 2, merged, tenants)
+          else
+            merge(value, 1, merged, tenants)
+          end
         end
       end
     end
-    local mine = nil
-    if merged ~= NONE then  -- someone had it: hits, and maybe it is common now
+    if common then  -- nothing to count
+    elseif merged ~= NONE then  -- someone had it: hits, and maybe it is common now
       local senders = 0
       for _, t in ipairs(tenants) do
         if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
       end
-      common = common or senders >= common_prompt or #tenants >= common_any
-      mine = merged[tenant]
-      if not common then
+      local mine = merged[tenant]
+      if not held and senders < common_prompt and #tenants < common_any then
         local self_prompt = mine and band(mine[3], PROMPT) == PROMPT
         for _, t in ipairs(tenants) do
           local e = merged[t]
@@ -125,35 +162,31 @@ for s, base in ipairs(KEYS) do
             end
           end
         end
-        -- Would this doc make it common?
-        if not mine then
-          common = #tenants + 1 >= common_any or (kind == PROMPT and senders + 1 >= common_prompt)
-        elseif kind == PROMPT and band(mine[3], PROMPT) == 0 then
-          common = senders + 1 >= common_prompt
-        end
       end
-    elseif common_any <= 1 or (kind == PROMPT and common_prompt <= 1) then
-      common = true
+      -- Common with this doc?
+      if kind == PROMPT and not (mine and band(mine[3], PROMPT) == PROMPT) then senders = senders + 1 end
+      common = senders >= common_prompt
+      held = held or #tenants + (mine and 0 or 1) >= common_any
+    else
+      common = kind == PROMPT and common_prompt <= 1
+      held = common_any <= 1
     end
     -- Record this tenant in the current generation.
     local new_value = nil
     if common then
       if current ~= COMMON then new_value = COMMON end
+    elseif held then
+      -- Only a sender changes what is kept; a value still of entries becomes HELD once, so that it
+      -- stays common after the generations that made it so expire, as '*' does.
+      if not current or byte(current) ~= HELD_BYTE then
+        current = held_of(current)
+        new_value = current
+      end
+      if kind == PROMPT then new_value = with_entry(current, 2, tenant, doc, offset, kind, mine_entry) or new_value end
     elseif not current then
       new_value = mine_entry
     else
-      local found = false
-      each(current, function(t, d, o, k, first, after)
-        if t ~= tenant then return false end
-        found = true
-        local e = {d, o, k}
-        fold(e, doc, offset, kind)
-        if e[1] ~= d or e[2] ~= o or e[3] ~= k then
-          new_value = sub(current, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(current, after)
-        end
-        return true
-      end)
-      if not found then new_value = current .. mine_entry end
+      new_value = with_entry(current, 1, tenant, doc, offset, kind, mine_entry)
     end
     if new_value then
       local key = gen_base[cur] .. bucket

@@ -9,7 +9,8 @@
 -- Keys, filters and stored values as in insert.lua; common.lua comes first.
 -- Returns one string of 17-byte rows, big-endian: position u32, tenant u32, doc u32, offset u32,
 -- kinds u8; one row per entry of each fingerprint that has entries, or one row with kinds 0 when
--- it is common. (A string, not a list of integers: it is what the caller decodes fastest.)
+-- it is common, followed, when it is common only by holders, by one row per sender with kinds
+-- plus SENDER. (A string, not a list of integers: it is what the caller decodes fastest.)
 
 local cur = tonumber(ARGV[1])
 local gens = tonumber(ARGV[2])
@@ -19,6 +20,7 @@ local format = ARGV[5]
 local records = ARGV[7]
 local bit_offsets = parse_bits(ARGV[8])
 local first_gen = cur - gens + 1
+local SENDER = 4  -- a kinds flag: a sender's entry after a common row (redis_index.py)
 
 local out, rows = {}, 0
 local at, r = 1, 0
@@ -33,20 +35,37 @@ for s, base in ipairs(KEYS) do
     r = r + 1
     local pos, bucket, field, next_at = sunpack(format, records, at)
     at = next_at
-    local merged, tenants, common = {}, {}, false
+    local merged, tenants, common, held = {}, {}, false, false
     for gen = first_gen, cur do
       local value = nil
       if present[gen][i] == 1 then value = redis.call('HGET', gen_base[gen] .. bucket, field) end
       if value == COMMON then common = true break end
-      if value then merge(value, merged, tenants) end
+      if value then
+        if byte(value) == HELD_BYTE then
+          held = true
+          merge(value, 2, merged, tenants)
+        else
+          merge(value, 1, merged, tenants)
+        end
+      end
     end
     local senders = 0
     for _, t in ipairs(tenants) do
       if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
     end
-    if common or senders >= common_prompt or #tenants >= common_any then
+    if common or senders >= common_prompt then
       rows = rows + 1
       out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, 0)
+    elseif held or #tenants >= common_any then
+      rows = rows + 1
+      out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, 0)
+      for _, t in ipairs(tenants) do
+        local e = merged[t]
+        if band(e[3], PROMPT) == PROMPT then
+          rows = rows + 1
+          out[rows] = spack('>I4I4I4I4B', pos, t, e[1], e[2], e[3] + SENDER)
+        end
+      end
     else
       for _, t in ipairs(tenants) do
         local e = merged[t]
