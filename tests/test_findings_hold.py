@@ -104,6 +104,22 @@ async def test_the_chat_sending_the_leaked_answer_back_does_not_withdraw_it(held
     assert await pairs(held) == [("t9", "t0")]
 
 
+async def test_one_prompt_leaked_into_many_answers_stays_leaked_after_the_hold(held: Api) -> None:
+    """The incident: one tenant's prompt in the answers of many. Held by nine tenants the text is common,
+    so the ones found before it was stay found; only senders make text public."""
+    now = time.time()
+    await post(held, ex("t0", "r0", SECRET, words("json", 0, 30), now))
+    for i in range(1, 9):
+        await post(held, ex(f"v{i}", f"v{i}", words("heapq", 0, 20 + i), "Here: " + SECRET, now + i))
+    found = await on_hold(held)
+    assert found >= 5
+    before = withdrawn()
+    await hold_over(held)
+    assert len(await pairs(held)) == found
+    assert {s for _, s in await pairs(held)} == {"t0"}
+    assert withdrawn() == before
+
+
 async def test_a_canary_is_raised_at_once(held: Api) -> None:
     now = time.time()
     canary = canary_text(300)

@@ -90,17 +90,18 @@ class Hit:
 class Lookup(NamedTuple):
     """What the index holds for one fingerprint: ``None`` entries means common.
 
-    ``senders`` is non-empty only when entries is None because ``common_tenants`` tenants hold it
+    ``senders`` is a tuple only when entries is None because ``common_tenants`` tenants hold it
     while fewer than ``common_prompt_tenants`` sent it: those tenants' prompt entries (the tenant,
     its prompt with the lowest ref, the offset there, kinds with the PROMPT bit), merged over the
-    live generations. Common by senders (``common_prompt_tenants`` of them over those generations),
-    it is ``()``. The first judgment reads ``entries`` only; a later one, before a finding is
-    raised, needs the senders to see that a leak of one tenant's prompt into many answers, which
-    made it common, is still that tenant's text.
+    live generations; ``()`` when none sent it (the model's own text, or a leaked answer's). Common
+    by senders (``common_prompt_tenants`` of them over those generations), or not common, it is
+    None. The first judgment reads ``entries`` only; a later one, before a finding is raised, needs
+    the senders to see that a leak of one tenant's prompt into many answers, which made it common,
+    is still that tenant's text.
     """
 
     entries: tuple[Entry, ...] | None
-    senders: tuple[Entry, ...] = ()
+    senders: tuple[Entry, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
 KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
 _KINDS_BITS = int(Kind.PROMPT | Kind.RESPONSE)  # a lookup row's kinds without lookup.lua's SENDER flag
+_SENDER = 4
 
 _TENANT_REFS = """
 local out = {}
@@ -483,7 +484,9 @@ class RedisIndex:
             pos, j = positions[i], i
             while j < n and positions[j] == pos:
                 j += 1
-            if kinds[i] == 0:  # common; rows after it are its senders, flagged (lookup.lua)
+            if kinds[i] == 0:  # common by senders (lookup.lua)
+                out[pos] = Lookup(None)
+            elif kinds[i] == _SENDER:  # common by holders; rows after it are its senders, flagged
                 senders = tuple(Entry(tenants[k], refs[k], offsets[k], kinds[k] & _KINDS_BITS) for k in range(i + 1, j))
                 out[pos] = Lookup(None, senders)
             else:

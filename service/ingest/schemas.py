@@ -99,7 +99,8 @@ class IngestResult(BaseModel):
         None, description="One per exchange of the batch, in its order: accepted, duplicate, or rejected and why."
     )
     findings: int | None = Field(
-        description="Findings created or extended by this batch; null until it is processed (see processed)."
+        description="Findings created or extended by this batch; null until it is processed (see processed). "
+        "Findings put on hold (BLEEDWATCH_FINDINGS_HOLD_SECONDS) are not counted: they are written only after it."
     )
     processed: bool = Field(
         False,

@@ -524,10 +524,11 @@ def _classify(
 
     ``again``: judged a second time, after the hold (``Matcher.confirm``), only what has since shown
     the text to be public may take a finding back, never what the leak itself caused. So text common
-    because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is still
-    evidence of whoever sent it (one prompt leaked into many answers is the incident itself), and
-    the recipient's prompts accepted after the response are not its own text (a chat sends the
-    leaked answer back in its next turn). Refs are given in order of acceptance, a response's prompt
+    because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is not
+    blind: it is evidence of whoever sent it (one prompt leaked into many answers is the incident
+    itself), and the rest of the leaked answers, which no one sent, is just not evidence, as it was at
+    the first judgment. And the recipient's prompts accepted after the response are not its own text
+    (a chat sends the leaked answer back in its next turn). Refs are given in order of acceptance, a response's prompt
     the ref before it (service/ingest/service.py).
     """
     assert meta.values is not None
@@ -550,10 +551,10 @@ def _classify(
             continue
         entries = found.entries
         if entries is None:
-            if not (again and found.senders):
+            if not again or found.senders is None:
                 blind[i] = True
                 continue  # common: shared by many tenants
-            entries = found.senders
+            entries = found.senders  # common only by holders: who sent it, if anyone did
         mine = next((e for e in entries if e.tenant == recipient), None)
         if again and mine is not None and mine.doc > ref:
             mine = None  # the recipient's own text only from after this answer: what it was told

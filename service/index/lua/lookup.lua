@@ -9,8 +9,8 @@
 -- Keys, filters and stored values as in insert.lua; common.lua comes first.
 -- Returns one string of 17-byte rows, big-endian: position u32, tenant u32, doc u32, offset u32,
 -- kinds u8; one row per entry of each fingerprint that has entries, or one row with kinds 0 when
--- it is common, followed, when it is common only by holders, by one row per sender with kinds
--- plus SENDER. (A string, not a list of integers: it is what the caller decodes fastest.)
+-- it is common by senders, or one row with kinds SENDER when it is common only by holders,
+-- followed by one row per sender with kinds plus SENDER. (A string, not a list of integers: it is what the caller decodes fastest.)
 
 local cur = tonumber(ARGV[1])
 local gens = tonumber(ARGV[2])
@@ -58,7 +58,7 @@ for s, base in ipairs(KEYS) do
       out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, 0)
     elseif held or #tenants >= common_any then
       rows = rows + 1
-      out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, 0)
+      out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, SENDER)
       for _, t in ipairs(tenants) do
         local e = merged[t]
         if band(e[3], PROMPT) == PROMPT then
