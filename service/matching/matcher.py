@@ -526,10 +526,10 @@ def _classify(
     the text to be public may take a finding back, never what the leak itself caused. So text common
     because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is not
     blind: it is evidence of whoever sent it (one prompt leaked into many answers is the incident
-    itself), and the rest of the leaked answers, which no one sent, is just not evidence, as it was at
-    the first judgment. And the recipient's prompts accepted after the response are not its own text
-    (a chat sends the leaked answer back in its next turn). Refs are given in order of acceptance, a response's prompt
-    the ref before it (service/ingest/service.py).
+    itself), and the rest of the leaked answers, which no one sent, is just not evidence, as it was
+    at the first judgment. And the recipient's prompts accepted after the response are not its own
+    text (a chat sends the leaked answer back in its next turn): refs are given in order of
+    acceptance, a response's own prompt the ref before it (service/ingest/service.py).
     """
     assert meta.values is not None
     assert meta.offsets is not None
