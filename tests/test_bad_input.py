@@ -271,3 +271,38 @@ async def test_a_small_prompt_naming_many_long_answers_costs_a_bounded_lookup(sm
     assert REGISTRY.get_sample_value("bleedwatch_match_earlier_skipped_total") == skipped + 2
     findings = (await small_api.client.get("/v1/findings", headers=small_api.headers(Role.READ))).json()["items"]
     assert sorted(f["recipient_request_id"] for f in findings) == sorted(f"big-{i}" for i in range(2, 12))
+
+
+async def test_a_response_of_one_value_repeated_is_judged_and_each_value_looked_up_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model stuck repeating a phrase, or a gateway choosing its values: 20,000 fingerprints of one
+    value, which another tenant's prompt holds, make every match a piece of its own (seconds per
+    100,000 once). The same shingle over and over copies 4 tokens, no finding; the ten shingles of
+    the other tenant's prompt over and over copy its 13 tokens each time, a finding. The index is
+    asked about each distinct value once, not once per fingerprint."""
+    index = api.app.state.deps.index
+    asked: list[int] = []
+    lookup = index.lookup
+
+    async def counted(key_id: str, values: Any, now: float) -> Any:
+        asked.append(len(values))
+        return await lookup(key_id, values, now)
+
+    monkeypatch.setattr(index, "lookup", counted)
+    now = time.time()
+    sent = [10**12 + 7 * k for k in range(10)]
+    source = one(tenant="other", request_id="other-1", ts=now - 60, prompt=raw_text(sent), response=raw_text([5, 6]))
+    assert (await post(api, {"exchanges": [source]}))[0] == 202
+    stuck = one(
+        tenant="acme", request_id="stuck", ts=now - 30, prompt=raw_text([1]), response=raw_text([sent[0]] * 20_000)
+    )
+    status, body = await post(api, {"exchanges": [stuck]})
+    assert (status, body["processed"], body["findings"]) == (202, True, 0)
+    loop = [sent[i % len(sent)] for i in range(20_000)]
+    cycling = one(tenant="acme", request_id="cycling", ts=now, prompt=raw_text([2]), response=raw_text(loop))
+    status, body = await post(api, {"exchanges": [cycling]})
+    assert (status, body["processed"], body["findings"]) == (202, True, 1)
+    assert 0 < max(asked) <= len(sent)
+    findings = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
+    assert [(f["recipient_request_id"], f["source_tenant"]) for f in findings] == [("cycling", "other")]

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import bisect
+from itertools import groupby, pairwise
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bleedwatch.fingerprint.scheme import Params, winnow
+from service.matching import evidence
 from service.matching.evidence import (
     GAP_TOKENS,
     JOIN_TOKENS,
@@ -313,3 +319,173 @@ def _span_union_within(starts: list[int], lo: int, hi: int) -> int:
             covered += b - a
             reach = b
     return covered
+
+
+SAMPLED = Params(n=N, w=3, sample_after=40, sample_mod=4)  # a long prompt, sampled past token 40
+
+
+@st.composite
+def tenant_matches(draw: st.DrawFn) -> tuple[list[Match], int]:
+    """Matches of one tenant: copies (some with matches as far apart as a piece may skip, or one
+    more), a value repeated, phrases out of order, over three documents of different windows and
+    sampling, now and then at offsets another segment has too; and the response's length."""
+    out: list[Match] = []
+    at = 0
+    for _ in range(draw(st.integers(1, 8))):
+        shape = draw(st.sampled_from(["copy", "repeated", "cycle", "random"]))
+        size = draw(st.integers(1, 60))
+        doc = draw(st.integers(1, 3))
+        source = draw(st.integers(0, 120))
+        step = draw(st.sampled_from([1, 1, 2, 3, GAP_TOKENS, GAP_TOKENS + 1, 4 * GAP_TOKENS, 4 * GAP_TOKENS + 1]))
+        if shape == "copy":
+            out += [Match(at + step * i, doc, source + step * i) for i in range(size)]
+        elif shape == "repeated":
+            out += [Match(at + step * i, doc, source) for i in range(size)]
+        elif shape == "cycle":
+            period = draw(st.integers(2, 5))
+            out += [Match(at + step * i, doc, source + i % period) for i in range(size)]
+        else:
+            out += [Match(at + i, draw(st.integers(1, 3)), draw(st.integers(0, 200))) for i in range(size)]
+        at = max(0, max(m.response_offset for m in out) + draw(st.integers(-8, 80)))
+    return out, max(m.response_offset for m in out) + N
+
+
+@settings(max_examples=300, deadline=None)
+@given(found=tenant_matches(), data=st.data())
+def test_pieces_and_copies_are_the_per_match_rules_in_numpy(
+    found: tuple[list[Match], int], data: st.DataObject
+) -> None:
+    """pieces() and copies() judge all matches at once in numpy (a response of one value repeated made
+    100,000 pieces, each a step in Python): the same pieces, copies and budget as the rules match by
+    match, which ``_reference_pieces`` and ``_reference_copies`` keep."""
+    matches, tokens = found
+    blind = data.draw(st.lists(st.integers(0, tokens - N), max_size=20))
+    r = response(tokens + N, blind=blind, seed=len(matches))
+    sources = {1: EVERY, 2: WINNOWED, 3: SAMPLED}
+    gaps = holes(r, matches, sources)
+    more = data.draw(st.lists(st.integers(0, tokens), max_size=10))  # holes anywhere, or only a few
+    gaps = data.draw(st.sampled_from([gaps, sorted(set(gaps) | set(more)), sorted(set(more))]))
+    for judged in (None, r):
+        assert pieces(matches, gaps, sources, N, judged) == _reference_pieces(matches, gaps, sources, N, judged)
+    least = data.draw(st.sampled_from([0, STRETCH_TOKENS]))
+    every = _reference_pieces(matches, gaps, sources, N, r)
+    assert pieces(matches, gaps, sources, N, r, least) == [p for p in every if p.copied >= least]
+    predecessors = data.draw(st.integers(1, MAX_PREDECESSORS))
+    budget, reference = Budget(predecessors), Budget(predecessors)
+    got = copies(every, N, sources, gaps, budget)
+    want = _reference_copies(every, N, sources, gaps, reference)
+    assert [(c.pieces, c.score, c.tokens, c.fingerprints, c.stretch) for c in got] == [
+        (c.pieces, c.score, c.tokens, c.fingerprints, c.stretch) for c in want
+    ]
+    assert (budget.checks, budget.cut) == (reference.checks, reference.cut)
+
+
+def _reference_pieces(
+    matches: list[Match], gaps: list[int], sources: dict[int, Params], n: int, response: Response | None
+) -> list[Piece]:
+    """pieces() as it was written match by match, before numpy."""
+    out: list[Piece] = []
+    ordered = sorted(matches, key=lambda m: (m.source_doc, m.source_offset - m.response_offset, m.response_offset))
+    for (doc, _), group in groupby(ordered, key=lambda m: (m.source_doc, m.source_offset - m.response_offset)):
+        source = sources[doc]
+        run: list[Match] = []
+        for m in group:
+            if run:
+                prev = run[-1]
+                sampled = (
+                    source.sample_mod if source.sample_mod > 1 and prev.source_offset >= source.sample_after else 1
+                )
+                if m.response_offset - prev.response_offset > GAP_TOKENS * sampled or _reference_between(
+                    gaps, prev.response_offset, m.response_offset
+                ):
+                    out.append(_reference_piece(run, n, source, response))
+                    run = []
+            run.append(m)
+        out.append(_reference_piece(run, n, source, response))
+    return out
+
+
+def _reference_piece(run: list[Match], n: int, source: Params, response: Response | None) -> Piece:
+    first, last = run[0], run[-1]
+    sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
+    dense = max(n, source.w * sampled)
+    stretches = [
+        (a.response_offset, a.response_offset + min(b.response_offset - a.response_offset, dense))
+        for a, b in pairwise(run)
+    ] + [(last.response_offset, last.response_offset + n)]
+    copied = sum(hi - lo if response is None else int(response.free(lo, hi)) for lo, hi in stretches)
+    return Piece(
+        first.response_offset,
+        last.response_offset + n,
+        first.source_doc,
+        first.source_offset,
+        last.source_offset + n,
+        len(run),
+        copied,
+    )
+
+
+def _reference_between(sorted_offsets: list[int], lo: int, hi: int) -> bool:
+    i = bisect.bisect_right(sorted_offsets, lo)
+    return i < len(sorted_offsets) and sorted_offsets[i] < hi
+
+
+def _reference_joins(before: Piece, after: Piece, n: int, source: Params, gaps: list[int]) -> bool:
+    gap = after.start - before.end
+    if not -n < gap <= GAP_TOKENS or after.end <= before.end:
+        return False
+    if after.source_doc == before.source_doc:
+        return -n < after.source_start - before.source_end <= n - 1 + 2 * (source.w - 1)
+    return gap <= source.w and not _reference_between(gaps, before.end - n, after.start)
+
+
+def _reference_copies(
+    found: list[Piece], n: int, sources: dict[int, Params], gaps: list[int], budget: Budget
+) -> list[Copy]:
+    """copies() as it was written pair by pair, before numpy."""
+    order = sorted(found, key=lambda p: (p.start, p.end))
+    best: list[Copy] = []
+    for j, piece in enumerate(order):
+        chosen = Copy.of(piece, n)
+        first = max(0, j - budget.predecessors)
+        if first > 0 and order[first - 1].end > piece.start - GAP_TOKENS - n:
+            budget.cut += 1
+        for i in range(j - 1, first - 1, -1):
+            budget.checks += 1
+            if _reference_joins(best[i].last, piece, n, sources[piece.source_doc], gaps):
+                longer = best[i].then(piece, n)
+                if longer.score > chosen.score:
+                    chosen = longer
+        best.append(chosen)
+    continued = {id(c.before) for c in best if c.before is not None and c.score >= c.before.score}
+    return [c for c in best if id(c) not in continued]
+
+
+def test_one_value_repeated_makes_a_piece_per_match_and_asks_the_join_rule_once_per_distance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A response of one value 100,000 times, held once by a source: each match is a piece of one
+    shingle on its own diagonal, none continues another, and none is a stretch. Whether pieces join
+    is asked once per distance looked back, for all pieces at once (it was once per pair: 1,600,000
+    calls, seconds of Python)."""
+    count = 100_000
+    matches = [Match(i, 1, 0) for i in range(count)]
+    r = response(count + N)
+    gaps = holes(r, matches, {1: EVERY})
+    asked = []
+    rule = evidence._joins
+
+    def counted(*args: Any) -> Any:
+        asked.append(args[1])
+        return rule(*args)
+
+    monkeypatch.setattr(evidence, "_joins", counted)
+    found = pieces(matches, gaps, {1: EVERY}, N, r)
+    assert len(found) == count
+    assert pieces(matches, gaps, {1: EVERY}, N, r, least=STRETCH_TOKENS) == []
+    budget = Budget()
+    out = copies(found, N, {1: EVERY}, gaps, budget)
+    assert asked == list(range(1, MAX_PREDECESSORS + 1))
+    assert len(out) == count
+    assert all(c.before is None and c.score == 1 and not c.stretch for c in out)
+    assert not is_finding(out, T)

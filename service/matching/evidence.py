@@ -10,7 +10,7 @@ in two steps, each with one reason (docs/detection.md):
    that is neither the source tenant's nor blind (common, allowlisted, the recipient's own). A
    piece is thus an exact copy, as far as fingerprints can tell.
 2. **Copies.** Pieces chained in response order while each continues the source where the
-   last one stopped (``joins``).
+   last one stopped (``_joins``).
 
 A copy scores the tokens its matches vouch for, less what chance explains: n - 1 tokens per
 piece, since unrelated texts of one genre share short phrases (a piece of one shingle is n
@@ -19,15 +19,16 @@ up (a string of single shingles then adds nothing). One threshold on that score,
 ``Thresholds.min_score``, makes a finding, where the copy has a stretch somewhere (``is_finding``).
 
 Cost: one sort of the matches, one binary search per match, and at most ``MAX_PREDECESSORS``
-join checks per piece, so a response costs O(m log m) for m matches whatever their order.
+join checks per piece, so a response costs O(m log m) for m matches whatever their order. Those
+steps are numpy passes over all the matches or pieces at once; Python steps are one per piece and
+one per pair of pieces that join, since a response may make each of its matches a piece (one
+value repeated 100,000 times: a model stuck in a loop, or a hostile sender).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby, pairwise
 from typing import Any
 
 import numpy as np
@@ -161,10 +162,11 @@ class Response:
     blind: npt.NDArray[np.bool_]
     params: Params
     _kept: dict[tuple[int, int], npt.NDArray[np.bool_]] = field(default_factory=dict, repr=False)
-    _explained: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False)
+    _explained: Explained | None = field(default=None, repr=False)
 
-    def free(self, lo: int, hi: int) -> int:
-        """How many of tokens ``[lo, hi)`` lie in no blind shingle: what a copy there can claim.
+    def free(self, lo: npt.ArrayLike, hi: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """How many of tokens ``[lo, hi)`` lie in no blind shingle: what a copy there can claim (per pair
+        of ``lo`` and ``hi``, which are arrays or numbers alike).
 
         A shingle that is common, allowlisted or the recipient's own explains its tokens, so the
         shingles around it, which share them, vouch only for the rest. Computed on the blind
@@ -173,7 +175,11 @@ class Response:
         """
         if self._explained is None:
             self._explained = _prefix_lengths(spans_of(self.offsets[self.blind].astype(np.int64), self.params.n))
-        return (hi - lo) - (_covered_below(self._explained, hi) - _covered_below(self._explained, lo))
+        low, high = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        out: npt.NDArray[np.int64] = (high - low) - (
+            _covered_below(self._explained, high) - _covered_below(self._explained, low)
+        )
+        return out
 
     def kept(self, w: int, mod: int) -> npt.NDArray[np.bool_]:
         """Which fingerprints a source winnowed with ``w`` and sampled by ``mod`` would hold, had it the same text.
@@ -223,19 +229,25 @@ def spans_of(starts: npt.NDArray[np.int64], length: int) -> Spans:
     return starts[new], np.concatenate((starts[np.flatnonzero(new)[1:] - 1] + length, starts[-1:] + length))
 
 
-def _prefix_lengths(merged: Spans) -> tuple[list[int], list[int], list[int]]:
-    """Merged spans' starts, ends, and the total length of the spans before each."""
+# Merged spans' starts and ends, and the total length of the spans before each (one more than spans).
+Explained = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+def _prefix_lengths(merged: Spans) -> Explained:
     starts, ends = merged
-    before = np.concatenate(([0], np.cumsum(ends - starts)))
-    return starts.tolist(), ends.tolist(), before.tolist()
+    return starts, ends, np.concatenate(([0], np.cumsum(ends - starts))).astype(np.int64)
 
 
-def _covered_below(explained: tuple[list[int], list[int], list[int]], x: int) -> int:
-    """Tokens below ``x`` inside the spans."""
+def _covered_below(explained: Explained, x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Tokens below each ``x`` inside the spans."""
     starts, ends, before = explained
-    i = bisect.bisect_right(ends, x)  # spans ending at or before x count whole
-    partial = x - starts[i] if i < len(starts) and starts[i] < x else 0
-    return before[i] + partial
+    if not len(starts):
+        return np.zeros_like(x)
+    i = np.searchsorted(ends, x, "right")  # spans ending at or before x count whole
+    at = starts[np.minimum(i, len(starts) - 1)]
+    partial = np.where((i < len(starts)) & (at < x), x - at, 0)
+    out: npt.NDArray[np.int64] = before[i] + partial
+    return out
 
 
 def merged(intervals: Iterable[tuple[int, int]]) -> Spans:
@@ -266,7 +278,8 @@ def spans(found: list[Piece]) -> Spans:
 
 
 def stretches(found: list[Piece]) -> Spans:
-    """What the pieces of ``STRETCH_TOKENS`` or more cover: where whose text it is is more than chance."""
+    """What the pieces of ``STRETCH_TOKENS`` or more cover: where whose text it is is more than chance
+    (``pieces(..., least=STRETCH_TOKENS)`` makes only those)."""
     return spans([p for p in found if p.copied >= STRETCH_TOKENS])
 
 
@@ -276,11 +289,6 @@ def outside(matches: list[Match], found: Spans) -> list[Match]:
         return matches
     inside = within(np.fromiter((m.response_offset for m in matches), np.int64, len(matches)), found)
     return [m for m, x in zip(matches, inside.tolist(), strict=True) if not x]
-
-
-def _stride(source: Params, source_offset: int) -> int:
-    sampled = source.sample_mod if source.sample_mod > 1 and source_offset >= source.sample_after else 1
-    return GAP_TOKENS * sampled
 
 
 def holes(response: Response, matches: list[Match], sources: dict[int, Params], held: Sequence[int] = ()) -> list[int]:
@@ -302,101 +310,166 @@ def holes(response: Response, matches: list[Match], sources: dict[int, Params], 
     return response.offsets[could].tolist()  # type: ignore[no-any-return]
 
 
-def _between(sorted_offsets: list[int], lo: int, hi: int) -> bool:
-    """Is one of ``sorted_offsets`` strictly between ``lo`` and ``hi``?"""
-    i = bisect.bisect_right(sorted_offsets, lo)
-    return i < len(sorted_offsets) and sorted_offsets[i] < hi
+def _between(
+    sorted_offsets: npt.NDArray[np.int64], lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Is one of ``sorted_offsets`` strictly between each ``lo`` and its ``hi``?"""
+    if not len(sorted_offsets):
+        return np.zeros(len(lo), dtype=bool)
+    i = np.searchsorted(sorted_offsets, lo, "right")
+    out: npt.NDArray[np.bool_] = (i < len(sorted_offsets)) & (
+        sorted_offsets[np.minimum(i, len(sorted_offsets) - 1)] < hi
+    )
+    return out
+
+
+def _source_params(docs: npt.NDArray[np.int64], sources: dict[int, Params]) -> tuple[npt.NDArray[np.int64], ...]:
+    """Each doc's window, ``sample_after`` and ``sample_mod``, as arrays beside ``docs``."""
+    distinct, at = np.unique(docs, return_inverse=True)
+    params = [sources[d] for d in distinct.tolist()]
+    w = np.array([p.w for p in params], dtype=np.int64)
+    after = np.array([p.sample_after for p in params], dtype=np.int64)
+    mod = np.array([p.sample_mod for p in params], dtype=np.int64)
+    return w[at], after[at], mod[at]
 
 
 def pieces(
-    matches: list[Match], gaps: list[int], sources: dict[int, Params], n: int, response: Response | None = None
+    matches: list[Match],
+    gaps: list[int],
+    sources: dict[int, Params],
+    n: int,
+    response: Response | None = None,
+    least: int = 0,
 ) -> list[Piece]:
     """The exact pieces of one tenant's matches: one diagonal of one document, no hole (``gaps``) between.
 
     Matches off the diagonal do not cut a piece: the index keeps one offset per document and
     fingerprint, so a phrase the source repeats points back to its first occurrence, and is
-    still the tenant's text where the copy has it.
+    still the tenant's text where the copy has it. A piece also ends where the next match of its
+    diagonal is further than ``GAP_TOKENS`` on (times ``sample_mod`` where the source was sampled).
+
+    ``copied``: the tokens of its matched shingles, and of what lies between two matches no
+    further apart than the source keeps them (w, times ``sample_mod`` past ``sample_after``),
+    that no blind shingle explains. Only pieces that copied at least ``least`` tokens are returned
+    (``STRETCH_TOKENS``: only stretches are asked for).
+
+    In numpy, not per match: a response of one value repeated (a model stuck in a loop, or a
+    hostile sender) makes every match a piece of its own, and 100,000 of them took seconds.
     """
-    out: list[Piece] = []
-    ordered = sorted(matches, key=lambda m: (m.source_doc, m.source_offset - m.response_offset, m.response_offset))
-    for (doc, _), group in groupby(ordered, key=lambda m: (m.source_doc, m.source_offset - m.response_offset)):
-        run: list[Match] = []
-        for m in group:
-            if run:
-                prev = run[-1]
-                gap = m.response_offset - prev.response_offset
-                if gap > _stride(sources[doc], prev.source_offset) or _between(
-                    gaps, prev.response_offset, m.response_offset
-                ):
-                    out.append(_piece(run, n, sources[doc], response))
-                    run = []
-            run.append(m)
-        out.append(_piece(run, n, sources[doc], response))
-    return out
-
-
-def _piece(run: list[Match], n: int, source: Params, response: Response | None) -> Piece:
-    """``copied``: the tokens of its matched shingles, and of what lies between two matches no
-    further apart than the source keeps them, that no blind shingle explains."""
-    first, last = run[0], run[-1]
-    sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
-    dense = max(n, source.w * sampled)  # matches of a copy are at most this far apart
-    stretches = [
-        (a.response_offset, a.response_offset + min(b.response_offset - a.response_offset, dense))
-        for a, b in pairwise(run)
-    ] + [(last.response_offset, last.response_offset + n)]
-    copied = sum(hi - lo if response is None else response.free(lo, hi) for lo, hi in stretches)
-    return Piece(
-        first.response_offset,
-        last.response_offset + n,
-        first.source_doc,
-        first.source_offset,
-        last.source_offset + n,
-        len(run),
-        copied,
+    if not matches:
+        return []
+    count = len(matches)
+    resp = np.fromiter((m.response_offset for m in matches), np.int64, count)
+    doc = np.fromiter((m.source_doc for m in matches), np.int64, count)
+    src = np.fromiter((m.source_offset for m in matches), np.int64, count)
+    order = np.lexsort((resp, src - resp, doc))  # by document, diagonal, response offset; stable
+    resp, doc, src = resp[order], doc[order], src[order]
+    w, after, mod = _source_params(doc, sources)
+    sampled = np.where((mod > 1) & (src >= after), mod, 1)
+    step = resp[1:] - resp[:-1]
+    cut = (
+        (doc[1:] != doc[:-1])
+        | (src[1:] - resp[1:] != src[:-1] - resp[:-1])
+        | (step > GAP_TOKENS * sampled[:-1])
+        | _between(np.asarray(gaps, dtype=np.int64), resp[:-1], resp[1:])
     )
+    first = np.flatnonzero(np.concatenate(([True], cut)))
+    last = np.concatenate((first[1:] - 1, [count - 1]))
+    run = np.cumsum(np.concatenate(([True], cut))) - 1  # each match's piece
+    dense = np.maximum(n, w[last] * sampled[last])  # matches of a copy are at most this far apart
+    # Each match vouches for the tokens up to the next one of its piece, at most ``dense``; the last, its shingle.
+    reach = np.concatenate((np.where(cut, n, np.minimum(step, dense[run[:-1]])), [n]))
+    copied = reach if response is None else response.free(resp, resp + reach)
+    totals = np.add.reduceat(copied, first)
+    if least > 0:
+        keep = totals >= least
+        first, last, totals = first[keep], last[keep], totals[keep]
+    return [
+        Piece(start, end, d, source_start, source_end, fingerprints, c)
+        for start, end, d, source_start, source_end, fingerprints, c in zip(
+            resp[first].tolist(),
+            (resp[last] + n).tolist(),
+            doc[first].tolist(),
+            src[first].tolist(),
+            (src[last] + n).tolist(),
+            (last - first + 1).tolist(),
+            totals.tolist(),
+            strict=True,
+        )
+    ]
 
 
-def joins(before: Piece, after: Piece, n: int, source: Params, gaps: list[int]) -> bool:
-    """Does ``after`` continue the copy that ``before`` ends?
+@dataclass(frozen=True, slots=True)
+class _Order:
+    """Pieces in response order, as columns."""
+
+    start: npt.NDArray[np.int64]
+    end: npt.NDArray[np.int64]
+    doc: npt.NDArray[np.int64]
+    source_start: npt.NDArray[np.int64]
+    source_end: npt.NDArray[np.int64]
+    w: npt.NDArray[np.int64]  # the window of each piece's source
+
+    @classmethod
+    def of(cls, order: list[Piece], sources: dict[int, Params]) -> _Order:
+        def column(name: str) -> npt.NDArray[np.int64]:
+            return np.fromiter((getattr(p, name) for p in order), np.int64, len(order))
+
+        doc = column("source_doc")
+        w = _source_params(doc, sources)[0]
+        return cls(column("start"), column("end"), doc, column("source_start"), column("source_end"), w)
+
+
+def _joins(o: _Order, lag: int, n: int, gaps: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """For each piece from the ``lag``-th on (in response order), does it continue the copy that the
+    piece ``lag`` before it ends?
 
     In the response it comes next (overlapping by less than a shingle), at most GAP_TOKENS
-    on. In the source, either it starts where ``before`` stopped, give or take what a cut or a
+    on. In the source, either it starts where the one before stopped, give or take what a cut or a
     changed word can lose (n - 1 tokens, and w - 1 on each side where the source was winnowed):
     a fragment with other text inserted before it, or the rest of a copy past a substituted
-    word; or it is another document of the tenant, abutting ``before`` with no hole between:
+    word; or it is another document of the tenant, abutting the one before with no hole between:
     a span the tenant had sent in two documents with different neighbours, of which the index
-    names the first.
+    names the first. ``w``: the later piece's source's.
     """
-    gap = after.start - before.end
-    if not -n < gap <= GAP_TOKENS or after.end <= before.end:
-        return False
-    if after.source_doc == before.source_doc:
-        edge = n - 1 + 2 * (source.w - 1)
-        return -n < after.source_start - before.source_end <= edge
-    return gap <= source.w and not _between(gaps, before.end - n, after.start)
+    count = len(o.start)
+    start, end, doc, w = o.start[lag:], o.end[lag:], o.doc[lag:], o.w[lag:]
+    before_end, before_doc = o.end[: count - lag], o.doc[: count - lag]
+    gap = start - before_end
+    near = (-n < gap) & (gap <= GAP_TOKENS) & (end > before_end)
+    skip = o.source_start[lag:] - o.source_end[: count - lag]
+    same = (doc == before_doc) & (-n < skip) & (skip <= n - 1 + 2 * (w - 1))
+    other = (doc != before_doc) & (gap <= w) & ~_between(gaps, before_end - n, start)
+    out: npt.NDArray[np.bool_] = near & (same | other)
+    return out
 
 
 def copies(found: list[Piece], n: int, sources: dict[int, Params], gaps: list[int], budget: Budget) -> list[Copy]:
     """The best copy ending at each piece, by score (module docstring); one pass in response order.
 
-    A piece may start a copy or continue the best-scoring one it ``joins`` among the
-    ``budget.predecessors`` pieces before it.
+    A piece may start a copy or continue the best-scoring one it ``_joins`` among the
+    ``budget.predecessors`` pieces before it, the nearest first. Which pieces join is one numpy
+    pass per distance, so only pairs that join cost a step in Python: where none do (a hostile
+    response of one value repeated: pieces of one shingle each), judging costs one copy per piece.
     """
     order = sorted(found, key=lambda p: (p.start, p.end))
+    count, most = len(order), budget.predecessors
+    o = _Order.of(order, sources)
+    holes_at = np.asarray(gaps, dtype=np.int64)
+    joined: list[list[int]] = [[] for _ in range(count)]  # per piece, the pieces it continues, nearest first
+    for lag in range(1, min(most, count - 1) + 1):
+        for j in (np.flatnonzero(_joins(o, lag, n, holes_at)) + lag).tolist():
+            joined[j].append(j - lag)
+    budget.checks += int(np.minimum(np.arange(count), most).sum())  # what each piece looked at
+    if count > most + 1:  # pieces whose look back stopped before the ones it could still continue
+        budget.cut += int((o.end[: count - most - 1] > o.start[most + 1 :] - GAP_TOKENS - n).sum())
     best: list[Copy] = []
     for j, piece in enumerate(order):
         chosen = Copy.of(piece, n)
-        first = max(0, j - budget.predecessors)
-        if first > 0 and order[first - 1].end > piece.start - GAP_TOKENS - n:
-            budget.cut += 1
-        for i in range(j - 1, first - 1, -1):
-            prior = best[i]
-            budget.checks += 1
-            if joins(prior.last, piece, n, sources[piece.source_doc], gaps):
-                longer = prior.then(piece, n)
-                if longer.score > chosen.score:
-                    chosen = longer
+        for i in joined[j]:
+            longer = best[i].then(piece, n)
+            if longer.score > chosen.score:
+                chosen = longer
         best.append(chosen)
     # A copy another one continues is part of it: only the longest of each chain is kept, unless the
     # continuation scores less (a short piece overlapping its end): more evidence never hides a copy.

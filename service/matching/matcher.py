@@ -32,6 +32,7 @@ from service import metrics, tracing
 from service.findings.draft import FindingDraft
 from service.index.base import PROMPT_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
+    STRETCH_TOKENS,
     Budget,
     Copy,
     Match,
@@ -239,7 +240,7 @@ class Matcher:
         # One lookup for all of them: a response's fingerprints spread over most shards, so
         # looking them up together reads each shard's filters once, not once per response.
         values = [meta.values for _, _, meta in todo if meta.values is not None]
-        everything = await self._index.lookup(key_id, np.concatenate(values), now)
+        everything = await _lookup_distinct(self._index, key_id, np.concatenate(values), now)
         # Classifying and judging are CPU work: in a thread, so the event loop keeps answering.
         judged = await asyncio.to_thread(_classify_all, todo, everything, known)
         refs = sorted(set().union(*(c.refs() for c in judged)))
@@ -403,6 +404,20 @@ class Matcher:
         return out
 
 
+async def _lookup_distinct(index: Index, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
+    """``index.lookup`` of each distinct value once, one ``Lookup`` per value in order.
+
+    A sender chooses its values: a response of one value 100,000 times (a model stuck repeating a
+    word, or a hostile gateway) would otherwise read the same entries 100,000 times. A lookup is
+    read-only, so a value's answer is the same wherever it occurs.
+    """
+    distinct, at = np.unique(values, return_inverse=True)
+    if len(distinct) == len(values):
+        return await index.lookup(key_id, values, now)
+    found = await index.lookup(key_id, distinct, now)
+    return [found[i] for i in at.tolist()]
+
+
 def _params(sources: dict[int, Source]) -> dict[int, Params]:
     """Each source document's fingerprint parameters, as evidence reads them."""
     return {ref: s.params for ref, s in sources.items()}
@@ -437,11 +452,16 @@ def _evidence(
     # shorter than a stretch is chance, as for ``Shared``.
     at = np.sort(np.fromiter((m.response_offset for m in own), np.int64, len(own)))
     c.response.blind_within((at, at + 1))
-    mine = stretches(pieces(own, holes(c.response, own, params), params, n))
+    # Only stretches are asked for: a response of one value repeated makes each of its matches a piece.
+    mine = stretches(pieces(own, holes(c.response, own, params), params, n, least=STRETCH_TOKENS))
     c.response.blind_within(mine)
     sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
     held = c.held()
-    found = {k: pieces(ms, holes(c.response, ms, params, held[k]), params, n) for k, ms in sent.items() if ms}
+    found = {
+        k: pieces(ms, holes(c.response, ms, params, held[k]), params, n, least=STRETCH_TOKENS)
+        for k, ms in sent.items()
+        if ms
+    }
     theirs = stretches([p for ps in found.values() for p in ps])
     # A prompt sent after the answer is no source of it, but still says whose text is no secret (Shared).
     matches = {}
