@@ -158,8 +158,8 @@ FINDINGS_OUTBOX_FAILURES = Counter(
 FINDINGS_DEAD_LETTERS = Counter("bleedwatch_findings_dead_letters_total", "Held findings moved to the dead letters.")
 # Findings waiting in the outbox right now (every replica reports the shared outbox's length).
 FINDINGS_OUTBOX = Gauge("bleedwatch_findings_outbox", "Findings waiting to be written.", multiprocess_mode="max")
-# BLEEDWATCH_FINDINGS_HOLD_SECONDS: findings put on hold, those waiting now, and those withdrawn after it,
-# by severity (service/findings/writer.py). Put on hold minus withdrawn, over time, is what was raised.
+# BLEEDWATCH_FINDINGS_HOLD_SECONDS (service/findings/writer.py): drafts put on hold (a response judged again
+# while on hold, with more evidence, is put on hold again), those on hold now, and those withdrawn after it.
 FINDINGS_DEFERRED = Counter("bleedwatch_findings_deferred_total", "Findings put on hold, to be judged again.")
 FINDINGS_LATER = Gauge("bleedwatch_findings_on_hold", "Findings on hold now.", multiprocess_mode="max")
 FINDINGS_WITHDRAWN = Counter(

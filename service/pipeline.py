@@ -61,8 +61,9 @@ def confirmer(matcher: Matcher) -> Judge:
 
     async def confirm(draft: FindingDraft) -> bool:
         if draft.response_ref is None or draft.recipient_ref is None:
-            return True  # held by a version that did not say which response: nothing to judge again
-        return await matcher.confirm(draft.key_id, draft.response_ref, draft.recipient_ref, time.time())
+            return True  # never put on hold without them (FindingsWriter._holds)
+        now = time.time()
+        return await matcher.confirm(draft.key_id, draft.response_ref, draft.recipient_ref, now, draft.source_ref)
 
     return confirm
 

@@ -34,7 +34,7 @@ async def queue_command(command: str) -> int:
         queued, dead = await queue.size(), await queue.dead_size()
         print(f"{counted(queued, 'batch', 'batches')} queued, {counted(dead, 'dead letter')}")
         held, dead, later = await outbox.size(), await outbox.dead_size(), await outbox.later_size()
-        print(f"{counted(held, 'finding')} held, {counted(dead, 'dead letter')}, {later:,} on hold")
+        print(f"{counted(held, 'finding')} held, {counted(dead, 'dead letter')}, {counted(later, 'finding')} on hold")
     finally:
         await index.close()
     return 0

@@ -8,22 +8,36 @@ time had come; the app's own findings writer then judges and writes them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
+import orjson
 import pytest
 from prometheus_client import REGISTRY
 
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.auth.keys import Role
 from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.findings import store as findings_store
+from service.findings.draft import FindingDraft
 from service.findings.severity import Severity
-from service.findings.writer import CLAIM_COUNT
+from service.findings.writer import CLAIM_COUNT, FindingsWriter, Written
 from service.index.base import Index
+from service.ingest.service import Ingestor
+from service.matching.known import NO_CANARIES, Known, KnownFingerprints
+from service.matching.matcher import Matcher
+from service.matching.thresholds import thresholds
+from service.migrate import upgrade
+from service.pipeline import limits
 from service.tools.probe import UNSAMPLED, canary_text
 from tests.conftest import ALL_BACKENDS, Api, running_api
 from tests.test_detection_rules import LICENSE, NS, admin, findings, post
+from tests.test_findings_outbox import _draft
 from tests.traffic import exchange as ex
 from tests.traffic import fp, words
 
@@ -118,6 +132,91 @@ async def test_one_prompt_leaked_into_many_answers_stays_leaked_after_the_hold(h
     assert len(await pairs(held)) == found
     assert {s for _, s in await pairs(held)} == {"t0"}
     assert withdrawn() == before
+
+
+async def test_another_recipient_resending_the_leak_does_not_make_it_public(held: Api) -> None:
+    """Two answers carried t0's prompt; the first recipient's chat goes on, sending it back. It was
+    served that text: a recipient resending it, not a second tenant that had it."""
+    now = time.time()
+    await post(held, ex("t0", "r0", SECRET, words("json", 0, 30), now))
+    await post(held, ex("v1", "v1", words("heapq", 0, 30), "Here: " + SECRET, now + 1))
+    await post(held, ex("v2", "v2", words("csv", 0, 30), "Here: " + SECRET, now + 2))
+    turn = words("heapq", 0, 30) + " Here: " + SECRET + " what is this?"
+    await post(held, ex("v1", "v1-next", turn, words("difflib", 0, 30), now + 5))
+    assert await on_hold(held) == 2
+    await hold_over(held)
+    assert await pairs(held) == [("v1", "t0"), ("v2", "t0")]
+
+
+async def test_a_finding_that_cannot_be_judged_again_is_raised(settings: Settings, index: Index) -> None:
+    """A judgment that fails (Redis away, a bug) must not hold back the outbox: fail open."""
+    if settings.database_url is None:
+        upgrade(settings)
+    engine = make_engine(settings)
+
+    async def broken(draft: FindingDraft) -> bool:
+        raise ConnectionError("index unreachable")
+
+    writer = FindingsWriter(make_sessionmaker(engine), index.outbox(), hold_seconds=HOLD, judge=broken)
+    draft = dataclasses.replace(_draft("r-held"), response_ref=11, recipient_ref=2)
+    try:
+        assert await writer.write([draft]) == []
+        assert await index.outbox().later_size() == 1
+        assert await index.outbox().move_due(time.time() + HOLD + 1, CLAIM_COUNT) == 1
+        assert await writer.drain() == 1
+        assert await index.outbox().size() == 0
+        async with session_scope(make_sessionmaker(engine)) as session:
+            rows, _ = await findings_store.page(session, findings_store.FindingFilter(), None, 10)
+        assert [r.finding.recipient_request_id for r in rows] == ["r-held"]
+    finally:
+        await engine.dispose()
+
+
+async def test_drafting_a_finding_on_hold_again_keeps_its_due_time(index: Index) -> None:
+    box = index.outbox()
+    now = time.time()
+    await box.hold_until([b"draft"], now + 10)
+    await box.hold_until([b"draft", b"draft"], now + 100)
+    assert await box.later_size() == 1
+    assert await box.move_due(now + 11, CLAIM_COUNT) == 1
+
+
+async def test_a_finding_whose_source_left_the_window_is_kept(index: Index, settings: Settings) -> None:
+    """What the finding was judged on is gone: no second judgment can say it was public."""
+    matcher = Matcher(index, _NoLists(), thresholds(settings), settings.max_request_seconds)
+    writer = _Collect()
+    ingestor = Ingestor(index, matcher, cast(Any, None), limits(settings), writer)
+    now = time.time()
+    for exchanges in (
+        [ex("t0", "r0", LICENSE, words("json", 0, 30), now)],
+        [ex("t9", "r9", words("heapq"), "Quoting: " + LICENSE, now + 1)],
+        [ex(f"t{i}", f"r{i}", "See: " + LICENSE, words("csv", 40 * i, 40 * i + 30), now + 2) for i in (1, 2)],
+    ):
+        await ingestor.process(b"\n" + orjson.dumps({"exchanges": exchanges}))
+    (draft,) = writer.drafts
+    assert draft.response_ref is not None
+    assert draft.recipient_ref is not None
+    assert draft.source_ref is not None
+    judge = functools.partial(matcher.confirm, draft.key_id, draft.response_ref, draft.recipient_ref, time.time())
+    assert not await judge(draft.source_ref)  # public since: withdrawn
+    assert await judge(draft.source_ref + 1_000_000)  # a source no longer in the window: kept
+
+
+class _NoLists(KnownFingerprints):
+    def __init__(self) -> None:
+        pass
+
+    async def get(self, key_id: str) -> Known:
+        return Known(np.empty(0, np.uint64), NO_CANARIES)
+
+
+class _Collect(FindingsWriter):
+    def __init__(self) -> None:
+        self.drafts: list[FindingDraft] = []
+
+    async def write(self, drafts: list[FindingDraft]) -> Written | None:
+        self.drafts += drafts
+        return None
 
 
 async def test_a_canary_is_raised_at_once(held: Api) -> None:

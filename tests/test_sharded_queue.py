@@ -178,7 +178,13 @@ async def test_a_worker_killed_in_the_middle_of_a_batch_loses_and_doubles_nothin
                 await asyncio.sleep(0.1)
 
             queue_state = (await api.client.get("/v1/queue", headers=api.headers(Role.READ))).json()
-            assert queue_state == {"queued": 0, "dead_letters": 0, "findings_held": 0, "findings_dead_letters": 0}
+            assert queue_state == {
+                "queued": 0,
+                "dead_letters": 0,
+                "findings_held": 0,
+                "findings_on_hold": 0,
+                "findings_dead_letters": 0,
+            }
             found = (await api.client.get("/v1/findings", headers=api.headers(Role.READ))).json()["items"]
             assert sorted((f["recipient_request_id"], f["source_request_ids"]) for f in found) == sorted(
                 (b, [a]) for b, a in leaks.items()
@@ -233,7 +239,7 @@ def test_sharded_queue_status_from_the_cli_sums_the_shards(redis_cluster: RedisC
 
         out = cli("status")
         assert "3 batches queued, 0 dead letters" in out
-        assert "0 findings held, 1 dead letter, 0 on hold\n" in out
+        assert "0 findings held, 1 dead letter, 0 findings on hold\n" in out
         out = cli("requeue-dead")  # the findings outbox's dead letters go back too
         assert "1 held finding put back in the findings outbox" in out
         assert "1 finding held, 0 dead letters" in out

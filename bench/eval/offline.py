@@ -154,7 +154,8 @@ async def replay(
             for rid, b in list(writer.first_batch.items()):
                 if b <= due and rid not in settled:
                     key_id, ref, tenant = index.responses[rid]
-                    settled[rid] = await matcher.confirm(key_id, ref, tenant, time.time())
+                    source = writer.drafts[rid].source_ref
+                    settled[rid] = await matcher.confirm(key_id, ref, tenant, time.time(), source)
     found = [_as_api(d) for d in writer.drafts.values() if settled.get(d.recipient_request_id, True)]
     return Replayed(found, time.perf_counter() - started, index, matcher)
 

@@ -173,15 +173,18 @@ class FindingsWriter:
         self._loop: Periodic | None = None
 
     async def write(self, drafts: list[FindingDraft]) -> Written | None:
-        """Upsert now, or put on hold; None when the database is down and the drafts were held instead."""
+        """Upsert now, or put on hold; None when the database is down and the drafts were held instead.
+        Those raised at once (canaries) go first: holding the others needs Redis, which may fail."""
         drafts = await self._unpurged(drafts)
         later = [d for d in drafts if self._holds(d)]
+        now = [d for d in drafts if not self._holds(d)]
+        written = await self._write_now(now) if now else []
         if later:
             await self._outbox.hold_until([encode_draft(d, judge=True) for d in later], time.time() + self.hold_seconds)
             metrics.FINDINGS_DEFERRED.inc(len(later))
-            drafts = [d for d in drafts if not self._holds(d)]
-        if not drafts:
-            return []
+        return written
+
+    async def _write_now(self, drafts: list[FindingDraft]) -> Written | None:
         try:
             return await self._upsert(drafts)
         except DATABASE_DOWN as exc:
@@ -264,8 +267,16 @@ class FindingsWriter:
             log.info("held_findings_written", extra={"count": written})
 
     async def _confirmed(self, draft: FindingDraft) -> bool:
-        """Judged again after the hold; a withdrawn finding is counted and logged (ids only, no text)."""
-        if self._judge is None or await self._judge(draft):
+        """Judged again after the hold; a withdrawn finding is counted and logged (ids only, no text).
+        A judgment that fails (Redis away, a bug) raises the finding as judged the first time: one held
+        item that cannot be judged must not hold back the outbox, and a leak detector fails open."""
+        if self._judge is None:
+            return True
+        try:
+            if await self._judge(draft):
+                return True
+        except Exception as exc:
+            log.warning("finding_not_judged_again", extra={"key_id": draft.key_id, "exc_type": type(exc).__name__})
             return True
         metrics.FINDINGS_WITHDRAWN.labels(draft.severity).inc()
         log.info(

@@ -44,12 +44,14 @@ end
 return #due
 """
 
-# A finding on hold replaced by another version of it (a purge), unless it has just moved into the outbox.
+# A finding on hold replaced by another version of it (a purge), unless it has just moved into the
+# outbox; whether it was still on hold.
 _REPLACE_LATER = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= '' then
+local held = redis.call('ZREM', KEYS[1], ARGV[1])
+if held == 1 and ARGV[2] ~= '' then
   redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 end
-return 1
+return held
 """
 
 
@@ -67,7 +69,8 @@ class RedisOutbox:
     async def hold_until(self, items: list[bytes], due: float) -> None:
         if items:
             metrics.REDIS_ROUND_TRIPS.inc()
-            await self._r.zadd(self._later, dict.fromkeys(items, due))
+            # NX: a draft already on hold keeps its due time, so drafting it again never postpones it.
+            await self._r.zadd(self._later, dict.fromkeys(items, due), nx=True)
 
     async def move_due(self, now: float, count: int) -> int:
         metrics.REDIS_ROUND_TRIPS.inc()
@@ -145,8 +148,8 @@ class RedisOutbox:
             new = keep(item)
             if new != item:
                 metrics.REDIS_ROUND_TRIPS.inc()
-                await self._r.eval(_REPLACE_LATER, 1, self._later, item, b"" if new is None else new, due)
-                changed += 1
+                replaced = await self._r.eval(_REPLACE_LATER, 1, self._later, item, b"" if new is None else new, due)
+                changed += int(replaced)
         changed += await rewrite_stream(self._r, self._key, b"d", keep)
         return changed + await rewrite_stream(self._r, self._dead, b"d", keep)
 
@@ -167,8 +170,11 @@ class MemoryOutbox:
             self._items[f"{next(self._ids)}-0"] = item
 
     async def hold_until(self, items: list[bytes], due: float) -> None:
-        for item in items:
-            heapq.heappush(self._later, (due, next(self._ids), item))
+        """As the sorted set does: an item already on hold keeps its due time."""
+        held = {item for _, _, item in self._later}
+        for item in dict.fromkeys(items):
+            if item not in held:
+                heapq.heappush(self._later, (due, next(self._ids), item))
 
     async def move_due(self, now: float, count: int) -> int:
         due: list[bytes] = []

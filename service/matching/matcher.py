@@ -30,7 +30,7 @@ from bleedwatch.fingerprint.scheme import Params
 from bleedwatch.limits import DEFAULT_MAX_FINGERPRINTS_PER_TEXT
 from service import metrics, tracing
 from service.findings.draft import FindingDraft
-from service.index.base import PROMPT_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name
+from service.index.base import PROMPT_BIT, RESPONSE_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name
 from service.matching.evidence import (
     STRETCH_TOKENS,
     Budget,
@@ -58,6 +58,7 @@ from service.matching.known import Known, KnownFingerprints
 log = logging.getLogger(__name__)
 
 CANARY_PARAMS = Params(sample_mod=1)
+BOTH_BITS = PROMPT_BIT | RESPONSE_BIT
 # Earlier responses a batch may have judged again: fingerprints looked up per fingerprint of the batch,
 # beyond one text of the largest size a gateway may send (``Matcher._earlier``).
 LOOKUPS_PER_FINGERPRINT = 16
@@ -344,7 +345,7 @@ class Matcher:
         if meta is None or meta.values is None:
             return None
         known = await self._known.get(key_id)
-        lookups = await self._index.lookup(key_id, meta.values, now)
+        lookups = await _lookup_distinct(self._index, key_id, meta.values, now)
         (c,) = await asyncio.to_thread(_classify_all, [(ref, recipient, meta)], lookups, known, held)
         return c, lookups, await self._sources(key_id, sorted(c.refs()), known, now)
 
@@ -359,16 +360,20 @@ class Matcher:
         c, _, sources = again
         return self._judge(key_id, c, sources, _params(sources), Budget())
 
-    async def confirm(self, key_id: str, ref: int, recipient: int, now: float) -> bool:
+    async def confirm(self, key_id: str, ref: int, recipient: int, now: float, source_ref: int | None = None) -> bool:
         """Whether a response is still a finding, judged again after the hold (service/findings/writer.py),
         when the rest of the traffic may have shown its text to be public: several tenants sent it
-        since, or an operator allowlisted it. Only that takes a finding back (``_classify``, ``again``).
-        A response no longer in the window is kept: there is nothing left to judge it against."""
+        since, or an operator allowlisted it. Only that should take a finding back (``_classify``,
+        ``again``). A finding whose response, or whose source's first document (``source_ref``), has
+        left the window is kept: what it was judged on is no longer there to judge it again."""
+        if source_ref is not None and source_ref > 0 and not await self._index.get_docs(key_id, [source_ref], now):
+            return True
         again = await self._again(key_id, ref, recipient, now, held=True)
         if again is None:
             return True
         c, _, sources = again
-        return self._judge(key_id, c, sources, _params(sources), Budget()) is not None
+        draft = await asyncio.to_thread(self._judge, key_id, c, sources, _params(sources), Budget())
+        return draft is not None
 
     async def why(self, key_id: str, ref: int, recipient: int, now: float) -> dict[str, str]:
         """Per source tenant, what evaluating one response finds now, step by step: the matcher's own
@@ -547,9 +552,10 @@ def _classify(
     because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is not
     blind: it is evidence of whoever sent it (one prompt leaked into many answers is the incident
     itself), and the rest of the leaked answers, which no one sent, is just not evidence, as it was
-    at the first judgment. And the recipient's prompts accepted after the response are not its own
-    text (a chat sends the leaked answer back in its next turn): refs are given in order of
-    acceptance, a response's own prompt the ref before it (service/ingest/service.py).
+    at the first judgment. And prompts accepted after the response that resend text their tenant was
+    served count for nothing: the recipient's are not its own text, another's do not make it public
+    (a chat sends the leaked answer back in its next turn). Refs are given in order of acceptance, a
+    response's own prompt the ref before it (service/ingest/service.py).
     """
     assert meta.values is not None
     assert meta.offsets is not None
@@ -576,12 +582,16 @@ def _classify(
                 continue  # common: shared by many tenants
             entries = found.senders  # common only by holders: who sent it, if anyone did
         mine = next((e for e in entries if e.tenant == recipient), None)
-        if again and mine is not None and mine.doc > ref:
-            mine = None  # the recipient's own text only from after this answer: what it was told
+        others = [e for e in entries if e.tenant != recipient]
+        if again:
+            if mine is not None and mine.doc > ref:
+                mine = None  # the recipient's own text only from after this answer: what it was told
+            # Another tenant served the text that sent it after this answer is one more recipient
+            # resending it, no sender of public text.
+            others = [e for e in others if not (e.kinds == BOTH_BITS and e.doc > ref)]
         if mine is not None and mine.kinds & PROMPT_BIT:
             own.append(Match(offset, mine.doc, mine.offset))  # self-echo: the recipient sent this text
             continue
-        others = [e for e in entries if e.tenant != recipient]
         senders = [e for e in others if e.kinds & PROMPT_BIT]
         if mine is not None and mine.doc != ref:
             before[offset] = mine.doc
