@@ -8,8 +8,8 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``key_id`` a fingerprint key id):
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<key id>:<ref>``                 metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
-- ``p:{<key id>:<shard>}:ix3:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
-- ``p:{<key id>:<shard>}:ix3:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{<key id>:<shard>}:ix4:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
+- ``p:{<key id>:<shard>}:ix4:f:<gen>``         presence filter of that shard and generation (a bitmap)
 - ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
 - ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
@@ -29,7 +29,7 @@ Each ingest queue shard has a hash tag of its own, so on a cluster the shards' s
 over the slots (and so the nodes), while a shard's stream, dead letters and results stay
 together for its transactions.
 
-Index hashes (``ix3``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
+Index hashes (``ix4``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
 shard and bucket; the field is 3 bytes folded from the rest (below), the value ``*`` once it is common by
 senders, else one ``varint(tenant * 4 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant;
 common only by holders, ``(`` then the entries of its senders in that generation (fewer than
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 SHARD_BITS = 8  # fixed: changing it re-homes every index key
 SHARDS = 1 << SHARD_BITS
-INDEX_KEY_VERSION = "ix3"  # ix2 kept all 64 bits; its keys are not read and expire (README, Upgrading)
+INDEX_KEY_VERSION = "ix4"  # ix3 had no kept senders ("("); older keys are not read and expire (README, Upgrading)
 # A field holds 3 bytes folded from the fingerprint bits its key does not imply (4 below bucket
 # bits 16, so that bucket and field tell at least 40 bits apart). A lookup takes a fingerprint
 # a bucket lacks for one it holds with odds of (fields in the bucket) / 2^24, under 1e-5 at

@@ -4,7 +4,7 @@
 -- on a Redis Cluster the caller sends one shard per call, on a single Redis several.
 -- Layout, entry encoding and the presence filter: service/index/keys.py; common.lua comes first.
 --
--- KEYS     shard bases, e.g. bw:{<key id>:a7}:ix3, in the order of their records
+-- KEYS     shard bases, e.g. bw:{<key id>:a7}:ix4, in the order of their records
 -- ARGV[1]  current generation     ARGV[2] generations to read
 -- ARGV[3]  when the current generation's keys expire (Unix seconds, EXPIREAT)
 -- ARGV[4]  common: tenants with it in a prompt   ARGV[5] common: tenants with it at all
