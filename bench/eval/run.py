@@ -280,7 +280,8 @@ def main() -> None:
         "--judge-after",
         type=float,
         metavar="SECONDS",
-        help="report a finding only if judging it again this long after it was first made still finds it",
+        help="report a finding only if judging it again this long (of traffic) after it was first made still finds "
+        "it: what BLEEDWATCH_FINDINGS_HOLD_SECONDS does (Matcher.confirm)",
     )
     p.add_argument("--n", type=int, default=DEFAULT_PARAMS.n, help="shingle length (SDK parameter)")
     p.add_argument("--w", type=int, default=DEFAULT_PARAMS.w, help="prompts' winnowing window (SDK parameter)")
