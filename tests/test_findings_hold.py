@@ -148,6 +148,17 @@ async def test_another_recipient_resending_the_leak_does_not_make_it_public(held
     assert await pairs(held) == [("v1", "t0"), ("v2", "t0")]
 
 
+async def test_a_source_that_arrived_after_the_leak_is_no_resend(held: Api) -> None:
+    """The source exchange was sent before the leaked answer and arrived after it (an arrival race), its
+    own answer echoing its prompt: its tenant was served the text too, but sent it first."""
+    now = time.time()
+    await post(held, ex("v9", "v9", words("heapq", 0, 30), "Here: " + SECRET, now))
+    await post(held, ex("t0", "r0", SECRET, "You wrote: " + SECRET, now - 5))
+    assert await on_hold(held) >= 1
+    await hold_over(held)
+    assert ("v9", "t0") in await pairs(held)
+
+
 async def test_a_finding_that_cannot_be_judged_again_is_raised(settings: Settings, index: Index) -> None:
     """A judgment that fails (Redis away, a bug) must not hold back the outbox: fail open."""
     if settings.database_url is None:

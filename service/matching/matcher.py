@@ -339,15 +339,32 @@ class Matcher:
         self, key_id: str, ref: int, recipient: int, now: float, held: bool = False
     ) -> tuple[Candidate, list[Lookup], dict[int, Source]] | None:
         """One response classified against the index as it is now, with its sources: for ``confirm``
-        (``held``: a second judgment's rules) and the evaluation's diagnoses (``why``, ``judge_again``),
+        (``held``: the second judgment's rules) and the evaluation's diagnoses (``why``, ``judge_again``),
         which ask about a response long after it was judged."""
         meta = (await self._index.get_docs(key_id, [ref], now)).get(ref)
         if meta is None or meta.values is None:
             return None
         known = await self._known.get(key_id)
         lookups = await _lookup_distinct(self._index, key_id, meta.values, now)
-        (c,) = await asyncio.to_thread(_classify_all, [(ref, recipient, meta)], lookups, known, held)
+        resent = await self._resent(key_id, ref, recipient, meta, lookups, now) if held else None
+        (c,) = await asyncio.to_thread(_classify_all, [(ref, recipient, meta)], lookups, known, resent)
         return c, lookups, await self._sources(key_id, sorted(c.refs()), known, now)
+
+    async def _resent(
+        self, key_id: str, ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], now: float
+    ) -> frozenset[int]:
+        """Prompts that sent the response's text again after it: accepted after it (a higher ref) and sent
+        after it (a later time), by the recipient or by another tenant that was served the text. A chat
+        sends its history, the leaked answer included, in its next turn. A source that was sent
+        before the answer but accepted after it (an arrival race) is no resend."""
+        later = {
+            e.doc
+            for found in lookups
+            for e in (found.entries if found.entries is not None else found.senders or ())
+            if e.doc > ref and e.kinds & PROMPT_BIT and (e.tenant == recipient or e.kinds == BOTH_BITS)
+        }
+        docs = await self._index.get_docs(key_id, sorted(later), now) if later else {}
+        return frozenset(r for r, d in docs.items() if d.ts > meta.ts)
 
     async def judge_again(self, key_id: str, ref: int, recipient: int, now: float) -> FindingDraft | None:
         """What judging one response finds against the index as it is now: the evaluation asks it of every
@@ -364,7 +381,7 @@ class Matcher:
         """Whether a response is still a finding, judged again after the hold (service/findings/writer.py),
         when the rest of the traffic may have shown its text to be public: several tenants sent it
         since, or an operator allowlisted it. Only that should take a finding back (``_classify``,
-        ``again``). A finding whose response, or whose source's first document (``source_ref``), has
+        ``resent``). A finding whose response, or whose source's first document (``source_ref``), has
         left the window is kept: what it was judged on is no longer there to judge it again."""
         if source_ref is not None and source_ref > 0 and not await self._index.get_docs(key_id, [source_ref], now):
             return True
@@ -530,7 +547,7 @@ class Shared:
 
 
 def _classify_all(
-    todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known, again: bool = False
+    todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known, resent: frozenset[int] | None = None
 ) -> list[Candidate]:
     out = []
     start = 0
@@ -538,25 +555,24 @@ def _classify_all(
         assert meta.values is not None
         lookups = everything[start : start + len(meta.values)]
         start += len(meta.values)
-        out.append(_classify(ref, tenant_ref, meta, lookups, known, again))
+        out.append(_classify(ref, tenant_ref, meta, lookups, known, resent))
     return out
 
 
 def _classify(
-    ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, again: bool = False
+    ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, resent: frozenset[int] | None = None
 ) -> Candidate:
     """Each fingerprint of the response: blind, or who had it, in a prompt or in an answer.
 
-    ``again``: judged a second time, after the hold (``Matcher.confirm``), only what has since shown
-    the text to be public may take a finding back, never what the leak itself caused. So text common
-    because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is not
-    blind: it is evidence of whoever sent it (one prompt leaked into many answers is the incident
-    itself), and the rest of the leaked answers, which no one sent, is just not evidence, as it was
-    at the first judgment. And prompts accepted after the response that resend text their tenant was
-    served count for nothing: the recipient's are not its own text, another's do not make it public
-    (a chat sends the leaked answer back in its next turn). Refs are given in order of acceptance, a
-    response's own prompt the ref before it (service/ingest/service.py).
+    ``resent``, given when judged a second time, after the hold (``Matcher.confirm``): only what has
+    since shown the text to be public may take a finding back, never what the leak itself caused. So
+    text common because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it,
+    is not blind: it is evidence of whoever sent it (one prompt leaked into many answers is the
+    incident itself), and the rest of the leaked answers, which no one sent, is just not evidence,
+    as it was at the first judgment. And the prompts in ``resent`` (``Matcher._resent``) count for
+    nothing: the recipient's are not its own text, another recipient's do not make it public.
     """
+    again = resent is not None
     assert meta.values is not None
     assert meta.offsets is not None
     own: list[Match] = []
@@ -583,12 +599,10 @@ def _classify(
             entries = found.senders  # common only by holders: who sent it, if anyone did
         mine = next((e for e in entries if e.tenant == recipient), None)
         others = [e for e in entries if e.tenant != recipient]
-        if again:
-            if mine is not None and mine.doc > ref:
+        if resent:
+            if mine is not None and mine.doc in resent:
                 mine = None  # the recipient's own text only from after this answer: what it was told
-            # Another tenant served the text that sent it after this answer is one more recipient
-            # resending it, no sender of public text.
-            others = [e for e in others if not (e.kinds == BOTH_BITS and e.doc > ref)]
+            others = [e for e in others if e.doc not in resent]  # a recipient resending it: no sender
         if mine is not None and mine.kinds & PROMPT_BIT:
             own.append(Match(offset, mine.doc, mine.offset))  # self-echo: the recipient sent this text
             continue
