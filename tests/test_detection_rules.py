@@ -99,18 +99,23 @@ async def test_allowlisted_text_never_makes_a_finding_until_revoked(api: Api) ->
     assert [f["recipient_request_id"] for f in await findings(api)] == ["b2"]
 
 
-async def test_a_canary_in_anyone_elses_answer_is_critical(api: Api) -> None:
-    now = time.time()
-    canary = canary_text(300)
+async def register_canary(api: Api, canary: str) -> dict[str, Any]:
+    """``canary`` registered for tenant ``canary`` under label p1, every shingle (as the probe does)."""
     cfp = fp(canary, UNSAMPLED)
     text = {
         "fingerprints": encode(cfp.values, U64_LE),
         "offsets": encode(cfp.offsets, U32_LE),
         "token_count": cfp.token_count,
     }
-    made = await admin(
+    return await admin(
         api, "POST", "/v1/canaries", json={"key_id": NS, "tenant": "canary", "label": "p1", "text": text}
     )
+
+
+async def test_a_canary_in_anyone_elses_answer_is_critical(api: Api) -> None:
+    now = time.time()
+    canary = canary_text(300)
+    made = await register_canary(api, canary)
     # The canary tenant's own traffic, and three tenants quoting the canary: it must not become common.
     await post(api, ex("canary", "c1", canary, words("json", 0, 30), now))
     for i in range(3):

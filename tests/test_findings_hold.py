@@ -19,7 +19,6 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
 from service.auth.keys import Role
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
@@ -34,12 +33,12 @@ from service.matching.matcher import Matcher
 from service.matching.thresholds import thresholds
 from service.migrate import upgrade
 from service.pipeline import limits
-from service.tools.probe import UNSAMPLED, canary_text
+from service.tools.probe import canary_text
 from tests.conftest import ALL_BACKENDS, Api, running_api
-from tests.test_detection_rules import LICENSE, NS, admin, findings, post
+from tests.test_detection_rules import LICENSE, findings, post, register_canary
 from tests.test_findings_outbox import _draft
 from tests.traffic import exchange as ex
-from tests.traffic import fp, words
+from tests.traffic import words
 
 pytestmark = pytest.mark.anyio
 
@@ -233,13 +232,7 @@ class _Collect(FindingsWriter):
 async def test_a_canary_is_raised_at_once(held: Api) -> None:
     now = time.time()
     canary = canary_text(300)
-    cfp = fp(canary, UNSAMPLED)
-    text = {
-        "fingerprints": encode(cfp.values, U64_LE),
-        "offsets": encode(cfp.offsets, U32_LE),
-        "token_count": cfp.token_count,
-    }
-    await admin(held, "POST", "/v1/canaries", json={"key_id": NS, "tenant": "canary", "label": "p1", "text": text})
+    await register_canary(held, canary)
     leaked = " ".join(canary.split()[100:130])
     await post(held, ex("victim", "v1", words("heapq"), words("difflib", 0, 40) + " " + leaked, now))
     assert await pairs(held) == [("victim", "canary")]

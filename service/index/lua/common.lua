@@ -63,6 +63,17 @@ local function merge(value, from, merged, tenants)
   end)
 end
 
+-- A stored value that is not '*' merged as above: its entries, or a held value's senders after its
+-- first byte; whether it was held.
+local function merge_stored(value, merged, tenants)
+  if byte(value) == HELD_BYTE then
+    merge(value, 2, merged, tenants)
+    return true
+  end
+  merge(value, 1, merged, tenants)
+  return false
+end
+
 -- BITFIELD_RO arguments reading the bits bits[lo..hi], in chunks; every generation's filter is
 -- read with the same arguments.
 local function bit_reads(bits, lo, hi)

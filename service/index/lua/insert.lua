@@ -126,12 +126,7 @@ for s, base in ipairs(KEYS) do
           if gen == cur then current = value end
           if value == COMMON then common = true break end
           if merged == NONE then merged, tenants = {}, {} end
-          if byte(value) == HELD_BYTE then
-            held = true
-            merge(value, 2, merged, tenants)
-          else
-            merge(value, 1, merged, tenants)
-          end
+          held = merge_stored(value, merged, tenants) or held
         end
       end
     end

@@ -40,14 +40,7 @@ for s, base in ipairs(KEYS) do
       local value = nil
       if present[gen][i] == 1 then value = redis.call('HGET', gen_base[gen] .. bucket, field) end
       if value == COMMON then common = true break end
-      if value then
-        if byte(value) == HELD_BYTE then
-          held = true
-          merge(value, 2, merged, tenants)
-        else
-          merge(value, 1, merged, tenants)
-        end
-      end
+      if value then held = merge_stored(value, merged, tenants) or held end
     end
     local senders = 0
     for _, t in ipairs(tenants) do
