@@ -90,10 +90,6 @@ def encode_draft(draft: FindingDraft, judge: bool = False) -> bytes:
     return orjson.dumps(held)
 
 
-def to_judge(raw: bytes) -> bool:
-    return orjson.loads(raw).get("judge") is True
-
-
 # Fields renamed since a draft may have been held: a draft written before the upgrade still decodes.
 _RENAMED = {"longest_run_words": "longest_run_tokens"}
 
@@ -103,7 +99,13 @@ def _renamed(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_draft(raw: bytes) -> FindingDraft:
-    data: dict[str, Any] = _renamed(orjson.loads(raw)["draft"])
+    return decode_held(raw)[0]
+
+
+def decode_held(raw: bytes) -> tuple[FindingDraft, bool]:
+    """A held item's draft, and whether it is on hold to be judged again (``encode_draft``'s ``judge``)."""
+    held = orjson.loads(raw)
+    data: dict[str, Any] = _renamed(held["draft"])
     evidence = data.get("evidence")
     if isinstance(evidence, dict) and isinstance(evidence.get("sources"), list):
         data["evidence"] = {
@@ -114,7 +116,7 @@ def decode_draft(raw: bytes) -> FindingDraft:
         k: (datetime.fromisoformat(v) if k in _DATETIMES else v) for k, v in data.items() if k in _FIELDS
     }
     values["severity"] = Severity(values["severity"])
-    return FindingDraft(**values)
+    return FindingDraft(**values), held.get("judge") is True
 
 
 Written = list[tuple[FindingDraft, int, bool]]
@@ -231,8 +233,7 @@ class FindingsWriter:
             gone = []  # unreadable, or withdrawn after the hold
             for item_id, raw in claimed:
                 try:
-                    draft = decode_draft(raw)
-                    judge = to_judge(raw)
+                    draft, judge = decode_held(raw)
                 except (ValueError, TypeError, KeyError) as exc:  # from an incompatible version: say so, once
                     log.error("held_finding_unreadable", extra={"item": item_id, "exc_type": type(exc).__name__})
                     gone.append(item_id)
