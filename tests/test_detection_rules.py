@@ -71,6 +71,21 @@ async def test_text_two_tenants_each_sent_is_no_ones_secret(api: Api) -> None:
     assert [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)] == [("t8", "t0")]
 
 
+async def test_a_leak_its_recipients_sent_back_is_still_found_in_the_next_answers(api: Api) -> None:
+    """t0's prompt leaks into v1's answer, and v1's chat sends it back in its next turn; then into v2's,
+    whose chat does the same. Each was served the text before it sent it: no second or third sender
+    that would make it no one's secret, or common, so the leaks into v2 and v3 are found too."""
+    now = time.time()
+    secret = words("argparse", 0, 60)
+    await post(api, ex("t0", "r0", secret, words("json", 0, 30), now))
+    for i, topic in ((1, "heapq"), (2, "csv"), (3, "sqlite3")):
+        await post(api, ex(f"v{i}", f"v{i}", words(topic, 0, 30), "Here: " + secret, now + i))
+        turn = words(topic, 0, 30) + " Here: " + secret + " what is this?"
+        await post(api, ex(f"v{i}", f"v{i}-next", turn, words("difflib", 30 * i, 30 * i + 30), now + i + 0.5))
+    found = sorted((f["recipient_tenant"], f["recipient_request_id"], f["source_tenant"]) for f in await findings(api))
+    assert found == [("v1", "v1", "t0"), ("v2", "v2", "t0"), ("v3", "v3", "t0")]
+
+
 async def test_the_recipients_own_earlier_prompt_is_self_echo(api: Api) -> None:
     now = time.time()
     await post(api, ex("a", "a1", words("argparse"), words("json", 0, 30), now))

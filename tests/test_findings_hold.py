@@ -118,12 +118,16 @@ async def test_the_chat_sending_the_leaked_answer_back_does_not_withdraw_it(held
 
 
 async def test_one_prompt_leaked_into_many_answers_stays_leaked_after_the_hold(held: Api) -> None:
-    """The incident: one tenant's prompt in the answers of many. Held by nine tenants the text is common,
-    so the ones found before it was stay found; only senders make text public."""
+    """The incident: one tenant's prompt in the answers of many, which their chats send back. Held by
+    nine tenants the text is common, so the ones found before it was stay found; only senders make
+    text public, and a tenant that was served the text before it sent it is none."""
     now = time.time()
     await post(held, ex("t0", "r0", SECRET, words("json", 0, 30), now))
     for i in range(1, 9):
         await post(held, ex(f"v{i}", f"v{i}", words("heapq", 0, 20 + i), "Here: " + SECRET, now + i))
+    for i in range(1, 9):  # and every recipient's chat sends it back
+        turn = words("heapq", 0, 20 + i) + " Here: " + SECRET + " what is this?"
+        await post(held, ex(f"v{i}", f"v{i}-next", turn, words("difflib", 30 * i, 30 * i + 30), now + 10 + i))
     found = await on_hold(held)
     assert found >= 5
     before = withdrawn()
@@ -145,6 +149,22 @@ async def test_another_recipient_resending_the_leak_does_not_make_it_public(held
     assert await on_hold(held) == 2
     await hold_over(held)
     assert await pairs(held) == [("v1", "t0"), ("v2", "t0")]
+
+
+async def test_every_recipient_sending_the_leak_back_does_not_make_it_public(held: Api) -> None:
+    """Three tenants were served t0's prompt and their chats each send it back within the hold: four
+    tenants have sent it, but three were served it first, so it is not common by senders."""
+    now = time.time()
+    await post(held, ex("t0", "r0", SECRET, words("json", 0, 30), now))
+    topics = ("heapq", "csv", "sqlite3")
+    for i, topic in enumerate(topics, start=1):
+        await post(held, ex(f"v{i}", f"v{i}", words(topic, 0, 30), "Here: " + SECRET, now + i))
+    for i, topic in enumerate(topics, start=1):
+        turn = words(topic, 0, 30) + " Here: " + SECRET + " what is this?"
+        await post(held, ex(f"v{i}", f"v{i}-next", turn, words("difflib", 30 * i, 30 * i + 30), now + 5 + i))
+    assert await on_hold(held) == 3
+    await hold_over(held)
+    assert await pairs(held) == [("v1", "t0"), ("v2", "t0"), ("v3", "t0")]
 
 
 async def test_a_source_that_arrived_after_the_leak_is_no_resend(held: Api) -> None:

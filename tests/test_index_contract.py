@@ -10,7 +10,7 @@ import pytest
 
 from bleedwatch.fingerprint.scheme import Params
 from service.config import Settings
-from service.index.base import Doc, DocMeta, Entry, Index, Kind, Lookup
+from service.index.base import HELD_TENANTS, SERVED_FIRST_BIT, Doc, DocMeta, Entry, Index, Kind, Lookup, sends
 from service.index.window import Window
 from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words
@@ -113,18 +113,25 @@ async def test_text_of_many_tenants_becomes_common(index: Index) -> None:
     assert await index.insert(NS, [doc(4, 4, Kind.RESPONSE, text)], NOW) == []
 
 
-async def test_lookup_merges_kinds_and_names_the_first_prompt(index: Index) -> None:
+@pytest.mark.parametrize("order", ["accepted", "reversed"])
+async def test_lookup_names_each_tenants_first_document_and_whether_it_sent_the_text_first(
+    index: Index, order: str
+) -> None:
+    """Tenant 1 was served the text, then its chat sent it back twice: no sender. Tenant 2 sent it,
+    then was served it: a sender. The lowest refs decide, whatever order they are processed in."""
     text = words("subprocess", 0, 60)
     offsets = fp(text).offsets.tolist()
-    await index.insert(NS, [doc(1, 1, Kind.RESPONSE, text)], NOW)
-    await index.insert(NS, [doc(2, 1, Kind.PROMPT, text)], NOW + 1)
-    await index.insert(NS, [doc(3, 1, Kind.PROMPT, text)], NOW + 2)
-    await index.insert(NS, [doc(4, 1, Kind.RESPONSE, text)], NOW + 3)
-    for x, offset in zip(await index.lookup(NS, fp(text).values, NOW + 4), offsets, strict=True):
+    docs = [(1, 1, Kind.RESPONSE), (2, 1, Kind.PROMPT), (3, 1, Kind.PROMPT), (4, 1, Kind.RESPONSE)]
+    docs += [(5, 2, Kind.PROMPT), (6, 2, Kind.RESPONSE)]
+    for i, (ref, tenant, kind) in enumerate(docs if order == "accepted" else docs[::-1]):
+        await index.insert(NS, [doc(ref, tenant, kind, text)], NOW + i)
+    for x, offset in zip(await index.lookup(NS, fp(text).values, NOW + 9), offsets, strict=True):
         assert x.entries is not None
-        assert [(e.tenant, e.doc, e.offset, e.kinds) for e in x.entries] == [
-            (1, 2, offset, Kind.PROMPT | Kind.RESPONSE)
+        assert sorted((e.tenant, e.doc, e.offset, e.kinds) for e in x.entries) == [
+            (1, 1, offset, Kind.PROMPT | Kind.RESPONSE | SERVED_FIRST_BIT),
+            (2, 5, offset, Kind.PROMPT | Kind.RESPONSE),
         ]
+        assert [sends(e.kinds) for e in sorted(x.entries)] == [False, True]
     unknown = await index.lookup(NS, np.array([1, 2**63, 2**64 - 1], dtype=np.uint64), NOW)
     assert [x.entries for x in unknown] == [(), (), ()]
 
@@ -160,7 +167,13 @@ async def test_a_prompt_leaked_into_many_answers_keeps_its_sender(index: Index) 
         assert x.senders == (Entry(1, 5, offset, Kind.PROMPT),)
     # A common value makes no hits, its sender's answers included.
     assert await index.insert(NS, [doc(30, 1, Kind.RESPONSE, source), doc(31, 12, Kind.RESPONSE, source)], NOW) == []
-    assert senders_of(await index.lookup(NS, f.values, NOW)) == {(1, 5, o, Kind.PROMPT) for o in f.offsets.tolist()}
+    both = Kind.PROMPT | Kind.RESPONSE
+    assert senders_of(await index.lookup(NS, f.values, NOW)) == {(1, 5, o, both) for o in f.offsets.tolist()}
+    # Every recipient's chat sends the leaked answer back in its next turn: none of them is a sender,
+    # so it is not common by senders, and its one sender is still known.
+    for tenant in range(2, 10):
+        await index.insert(NS, [doc(40 + tenant, tenant, Kind.PROMPT, source)], NOW)
+    assert senders_of(await index.lookup(NS, f.values, NOW)) == {(1, 5, o, both) for o in f.offsets.tolist()}
 
 
 async def test_senders_are_kept_until_they_make_it_common(index: Index) -> None:
@@ -185,9 +198,22 @@ async def test_a_sender_after_it_became_common_is_kept(index: Index) -> None:
     for tenant in range(1, 9):
         await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
     assert senders_of(await index.lookup(NS, f.values, NOW)) == set()  # common, no sender
-    await index.insert(NS, [doc(20, 3, Kind.PROMPT, source)], NOW)
+    await index.insert(NS, [doc(20, 3, Kind.PROMPT, source)], NOW)  # tenant 3 sends back what it was told
+    assert senders_of(await index.lookup(NS, f.values, NOW)) == set()
+    await index.insert(NS, [doc(21, 30, Kind.PROMPT, source)], NOW)
     kept = senders_of(await index.lookup(NS, f.values, NOW))
-    assert {(t, d, k) for t, d, _, k in kept} == {(3, 20, Kind.PROMPT)}
+    assert {(t, d, k) for t, d, _, k in kept} == {(30, 21, Kind.PROMPT)}
+
+
+async def test_a_value_common_by_holders_remembers_a_bounded_number_of_them(index: Index) -> None:
+    """Past ``HELD_TENANTS`` holders, a new one is not kept, and its resend then counts as a send."""
+    source = words("csv", 0, 80)
+    f = fp(source)
+    for tenant in range(1, HELD_TENANTS + 2):
+        await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
+    await index.insert(NS, [doc(100, 1, Kind.PROMPT, source), doc(101, HELD_TENANTS + 1, Kind.PROMPT, source)], NOW)
+    kept = senders_of(await index.lookup(NS, f.values, NOW))
+    assert {(t, d, k) for t, d, _, k in kept} == {(HELD_TENANTS + 1, 101, Kind.PROMPT)}
 
 
 async def test_text_in_many_answers_and_no_prompt_has_no_senders(index: Index) -> None:

@@ -86,15 +86,15 @@ async def test_buckets_are_compact_listpacks(index: Index, settings: Settings) -
     assert len(stored) == 20
     rest = int(values[0]) & ((1 << 48) - 1)
     field = ((rest ^ (rest >> 24)) & 0xFFFFFF).to_bytes(3, "big")
-    assert stored[field] == varint(42 * 4 + 1) + (123_456_789).to_bytes(4, "big") + varint(500)
+    assert stored[field] == varint(42 * 8 + 1) + (123_456_789).to_bytes(4, "big") + varint(500)
     assert len(stored[field]) == 8
     assert 0 < await client.ttl(key) <= r._window.ttl_seconds
 
 
-async def test_a_value_common_by_holders_stores_its_senders_after_a_marker(index: Index, settings: Settings) -> None:
-    """'(' then the senders' entries (keys.py): '(' is 40, a multiple of 4, which no entry starts
-    with; the entries of tenants that only received it are dropped, and '*' replaces it all once
-    common_prompt_tenants (3) tenants sent it."""
+async def test_a_value_common_by_holders_stores_its_entries_after_a_marker(index: Index, settings: Settings) -> None:
+    """'(' then the entries it had (keys.py): '(' is 40, a multiple of 8, which no entry starts
+    with; later holders are kept up to HELD_TENANTS, later senders always, and '*' replaces it all
+    once common_prompt_tenants (3) tenants sent it."""
     r = redis_of(index)
     values = np.array([0xA7B3000000000001], dtype=np.uint64)
     offsets = np.array([500], dtype=np.uint32)
@@ -105,11 +105,15 @@ async def test_a_value_common_by_holders_stores_its_senders_after_a_marker(index
     key = f"{Keys(settings.key_prefix).shard(NS, 0xA7)}:{gen}:".encode() + b"\xb3"
     rest = int(values[0]) & ((1 << 48) - 1)
     field = ((rest ^ (rest >> 24)) & 0xFFFFFF).to_bytes(3, "big")
-    sender = varint(42 * 4 + 1) + (123_456_789).to_bytes(4, "big") + varint(500)
-    assert await r.client.hget(key, field) == b"(" + sender
+
+    def entry(tenant: int, ref: int, offset: int, kinds: int) -> bytes:
+        return varint(tenant * 8 + kinds) + ref.to_bytes(4, "big") + varint(offset)
+
+    had = entry(42, 123_456_789, 500, 1) + b"".join(entry(t, t, 501, 2) for t in range(100, 107))
+    assert await r.client.hget(key, field) == b"(" + had
     await r.insert(NS, [Doc(7, 107, Kind.RESPONSE, values, offsets)], NOW)
     await r.insert(NS, [Doc(8, 108, Kind.PROMPT, values, offsets + 2)], NOW)
-    assert await r.client.hget(key, field) == b"(" + sender + varint(108 * 4 + 1) + (8).to_bytes(4, "big") + varint(502)
+    assert await r.client.hget(key, field) == b"(" + had + entry(107, 7, 500, 2) + entry(108, 8, 502, 1)
     await r.insert(NS, [Doc(9, 109, Kind.PROMPT, values, offsets)], NOW)
     assert await r.client.hget(key, field) == b"*"
     await r.insert(NS, [Doc(10, 110, Kind.PROMPT, values, offsets)], NOW)

@@ -4,15 +4,17 @@ Two backends implement it, Redis (``redis_index.py``) for deployments and an in-
 (``memory.py``) for the embedded default; ``tests/test_index_contract.py`` holds both to it.
 
 Per fingerprint the index keeps, within the retention window, one entry per tenant that used
-it: the tenant, one document (its prompt with the lowest ref, else its response with the lowest
-ref, whatever order they arrived in) and the fingerprint's token offset there,
-and whether the tenant had it in a prompt, a response or both. A fingerprint becomes *common*
-(shared boilerplate) and its entries are dropped once ``common_prompt_tenants`` tenants sent it
-in prompts, or ``common_tenants`` tenants had it at all: only senders count towards the first,
-so one tenant's text leaking into several answers keeps being evidence. Common only by holders,
-it keeps its senders' prompt entries (fewer than ``common_prompt_tenants``: bounded): a later
-judgment of a finding can then tell one tenant's prompt leaked into many answers, which the
-leak itself makes common, from text that has become public.
+it: the tenant, its first document holding it (the lowest ref, whatever order they arrived in)
+and the fingerprint's token offset there, whether the tenant had it in a prompt, a response or
+both, and, where both, whether it was served the text before it sent it (``SERVED_FIRST_BIT``: a
+chat sends its history, a leaked answer included, in its next turn). A fingerprint becomes
+*common* (shared boilerplate) and its entries are dropped once ``common_prompt_tenants`` tenants
+sent it before being served it, or ``common_tenants`` tenants had it at all: only senders count
+towards the first, so one tenant's text leaking into several answers, and resent by their chats,
+keeps being evidence. Common only by holders, it keeps the entries of its first
+``HELD_TENANTS`` tenants and of every later sender: a later judgment of a finding can then tell
+one tenant's prompt leaked into many answers, which the leak itself makes common, from text that
+has become public.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ class Entry(NamedTuple):
 
 PROMPT_BIT = int(Kind.PROMPT)
 RESPONSE_BIT = int(Kind.RESPONSE)
+# An entry's kinds flag: the tenant has the text in a prompt, but its first document holding it is
+# an answer: it was served the text before it sent it, so it is no sender of it (``sends``).
+SERVED_FIRST_BIT = 4
+# A value common only by holders keeps the entries of this many tenants, then only of new senders:
+# enough to tell the recipients of one prompt leaked into many answers from new senders when their
+# chats send it back, bounded however many tenants the model says a stock answer to.
+HELD_TENANTS = 16
+
+
+def sends(kinds: int) -> bool:
+    """Whether an entry's tenant sent the text before it was served it: its first document is a prompt."""
+    return kinds & (PROMPT_BIT | SERVED_FIRST_BIT) == PROMPT_BIT
+
+
 # Python loops over fingerprints on the event loop (the embedded index's inserts and lookups, Redis
 # lookup rows turned into entries) let it answer health checks and other requests every this many.
 # Another batch's work may run in between, as it may between Redis' calls.
@@ -91,9 +107,8 @@ class Lookup(NamedTuple):
     """What the index holds for one fingerprint: ``None`` entries means common.
 
     ``senders`` is a tuple only when entries is None because ``common_tenants`` tenants hold it
-    while fewer than ``common_prompt_tenants`` sent it: those tenants' prompt entries (the tenant,
-    its prompt with the lowest ref, the offset there, kinds with the PROMPT bit), merged over the
-    live generations; ``()`` when none sent it (the model's own text, or a leaked answer's). Common
+    while fewer than ``common_prompt_tenants`` sent it: the entries of those that sent it (``sends``),
+    merged over the live generations; ``()`` when none sent it (the model's own text, or a leaked answer's). Common
     by senders (``common_prompt_tenants`` of them over those generations), or not common, it is
     None. The first judgment reads ``entries`` only; a later one, before a finding is raised, needs
     the senders to see that a leak of one tenant's prompt into many answers, which made it common,

@@ -8,8 +8,8 @@ Layout (``p`` is ``BLEEDWATCH_KEY_PREFIX``, ``key_id`` a fingerprint key id):
 - ``p:doc-seq``                            document ref counter (wraps below 2^32, see DOC_REF_LIMIT)
 - ``p:doc:<key id>:<ref>``                 metadata of one document, TTL = retention
 - ``p:done:<digest>``                      idempotency mark of (tenant, request id), TTL = retention
-- ``p:{<key id>:<shard>}:ix4:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
-- ``p:{<key id>:<shard>}:ix4:f:<gen>``         presence filter of that shard and generation (a bitmap)
+- ``p:{<key id>:<shard>}:ix5:<gen>:<bucket>``  hash of fingerprint -> entries, one per generation
+- ``p:{<key id>:<shard>}:ix5:f:<gen>``         presence filter of that shard and generation (a bitmap)
 - ``p:{p:queue}:bytes`` / ``:sizes``       bytes queued in that stream, and each item's (the byte bound)
 - ``p:{p:outbox}:findings``                stream of findings not yet written to the database
 - ``p:{p:outbox}:dead``                    held findings that failed to be written too often (not outages)
@@ -29,11 +29,12 @@ Each ingest queue shard has a hash tag of its own, so on a cluster the shards' s
 over the slots (and so the nodes), while a shard's stream, dead letters and results stay
 together for its transactions.
 
-Index hashes (``ix4``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
+Index hashes (``ix5``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fingerprint name the
 shard and bucket; the field is 3 bytes folded from the rest (below), the value ``*`` once it is common by
-senders, else one ``varint(tenant * 4 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant;
-common only by holders, ``(`` then the entries of its senders in that generation (fewer than
-``BLEEDWATCH_COMMON_PROMPT_TENANTS``). ``(`` is 40: no entry's first byte is 0 mod 4 (its kinds). Each
+senders, else one ``varint(tenant * 8 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant
+(kinds: 1 prompt, 2 response, 4 served first); common only by holders, ``(`` then the entries of its
+first ``HELD_TENANTS`` tenants and later senders in that generation. ``(`` is 40: no entry's first
+byte is 0 mod 8 (its kinds). Each
 shard and generation also has a presence filter bitmap, so the common case (a new fingerprint)
 skips the bucket read. Sizes and Redis settings: docs/capacity.md.
 """
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 SHARD_BITS = 8  # fixed: changing it re-homes every index key
 SHARDS = 1 << SHARD_BITS
-INDEX_KEY_VERSION = "ix4"  # ix3 had no kept senders ("("); older keys are not read and expire (README, Upgrading)
+INDEX_KEY_VERSION = "ix5"  # ix4 had no served-first flag; older keys are not read and expire (README, Upgrading)
 # A field holds 3 bytes folded from the fingerprint bits its key does not imply (4 below bucket
 # bits 16, so that bucket and field tell at least 40 bits apart). A lookup takes a fingerprint
 # a bucket lacks for one it holds with odds of (fields in the bucket) / 2^24, under 1e-5 at

@@ -11,8 +11,10 @@ import numpy.typing as npt
 
 from service import metrics
 from service.index.base import (
+    HELD_TENANTS,
     PROMPT_BIT,
     RESPONSE_BIT,
+    SERVED_FIRST_BIT,
     YIELD_EVERY,
     Doc,
     DocMeta,
@@ -23,6 +25,7 @@ from service.index.base import (
     Outbox,
     Queue,
     same_exchange,
+    sends,
 )
 from service.index.keys import DOC_REF_LIMIT, Keys
 from service.index.outbox import MemoryOutbox
@@ -31,7 +34,8 @@ from service.index.window import Window
 
 
 class _Held(dict[int, Entry]):
-    """A value common only by holders: the entries of its senders (in this generation), no others."""
+    """A value common only by holders: the entries of its first ``HELD_TENANTS`` tenants and of every
+    later sender (in this generation)."""
 
     __slots__ = ()
 
@@ -184,11 +188,11 @@ class MemoryIndex:
                 if held and not isinstance(entries, _Held):
                     # Held in this generation too, so that it stays common after the ones that made it so
                     # expire (as None does).
-                    entries = _Held((t, e) for t, e in entries.items() if e.kinds & PROMPT_BIT)
+                    entries = _Held(entries)
                 current[value] = entries
-                if held and not kind & PROMPT_BIT:
-                    continue  # only a sender changes what is kept
                 old = entries.get(doc.tenant)
+                if old is None and held and not kind & PROMPT_BIT and len(entries) >= HELD_TENANTS:
+                    continue  # bounded: past that, only a sender is kept
                 entries[doc.tenant] = (
                     Entry(doc.tenant, doc.ref, offset, kind) if old is None else _fold(old, doc.ref, offset, kind)
                 )
@@ -204,7 +208,7 @@ class MemoryIndex:
             if merged is None:
                 out.append(Lookup(None))
             elif held:
-                out.append(Lookup(None, tuple(e for e in merged.values() if e.kinds & PROMPT_BIT)))
+                out.append(Lookup(None, tuple(e for e in merged.values() if sends(e.kinds))))
             else:
                 out.append(Lookup(tuple(merged.values())))
         return out
@@ -251,29 +255,33 @@ class MemoryIndex:
 
 
 def _senders(entries: Iterable[Entry]) -> int:
-    return sum(e.kinds & PROMPT_BIT for e in entries)
+    return sum(sends(e.kinds) for e in entries)
 
 
 def _fold(entry: Entry, doc: int, offset: int, kinds: int) -> Entry:
-    """Kinds add up; the doc is the tenant's prompt with the lowest ref (a prompt is the better source),
-    else its response with the lowest ref: lowest, not first to arrive, so the order batches are
-    processed in (which a Redis Cluster's nodes each see differently) changes nothing (common.lua)."""
-    had, has = entry.kinds & PROMPT_BIT, kinds & PROMPT_BIT
-    if has > had or (has == had and doc < entry.doc):
-        return Entry(entry.tenant, doc, offset, entry.kinds | kinds)
-    return Entry(entry.tenant, entry.doc, entry.offset, entry.kinds | kinds)
+    """Kinds add up; the doc is the tenant's first holding the text, the lowest ref, not the first to
+    arrive, so the order batches are processed in (which a Redis Cluster's nodes each see differently)
+    changes nothing (common.lua). A prompt after an answer holding it is a resend: ``SERVED_FIRST_BIT``."""
+    if doc < entry.doc:
+        first_doc, first_offset, first_kinds = doc, offset, kinds
+    else:
+        first_doc, first_offset, first_kinds = entry.doc, entry.offset, entry.kinds
+    bits = (entry.kinds | kinds) & (PROMPT_BIT | RESPONSE_BIT)
+    if bits & PROMPT_BIT and not sends(first_kinds):
+        bits |= SERVED_FIRST_BIT
+    return Entry(entry.tenant, first_doc, first_offset, bits)
 
 
 def _counts(kind: int, ref: int, mine: Entry | None, other: Entry) -> bool:
     """Whether a shared fingerprint may be evidence of a leak, in one direction or the other.
 
     An incoming response may have leaked from anything another tenant sent or received, unless
-    the recipient sent the text itself; an incoming prompt may be the source of another tenant's
-    earlier response, unless its tenant had sent that text before (the answer was judged with it
-    then) in a prompt accepted earlier than this one (a lower ref), which stays the source.
-    Which side of a response pair leaked is for the matcher to judge.
+    the recipient has the text in a prompt itself; an incoming prompt may be the source of another
+    tenant's answer (an answer it was served first) only if it is now its tenant's first document
+    holding the text: a prompt after one that sent it was judged with it already, and one after
+    an answer that served it resends what the tenant was told. Which side of a response pair leaked
+    is for the matcher to judge.
     """
-    sent = mine is not None and bool(mine.kinds & PROMPT_BIT)
     if kind & RESPONSE_BIT:
-        return not sent
-    return other.kinds == RESPONSE_BIT and (not sent or (mine is not None and ref < mine.doc))
+        return mine is None or not mine.kinds & PROMPT_BIT
+    return not sends(other.kinds) and (mine is None or ref < mine.doc)

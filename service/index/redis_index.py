@@ -36,7 +36,22 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from bleedwatch.fingerprint.scheme import Params
 from service import metrics
-from service.index.base import YIELD_EVERY, Doc, DocMeta, Entry, Hit, Kind, Lookup, Outbox, Queue, same_exchange
+from service.index.base import (
+    HELD_TENANTS,
+    PROMPT_BIT,
+    RESPONSE_BIT,
+    SERVED_FIRST_BIT,
+    YIELD_EVERY,
+    Doc,
+    DocMeta,
+    Entry,
+    Hit,
+    Kind,
+    Lookup,
+    Outbox,
+    Queue,
+    same_exchange,
+)
 from service.index.keys import DOC_REF_LIMIT, FILTER_BITS_PER_BUCKET, IDENTITY_BITS, MIN_FIELD_BYTES, SHARD_BITS, Keys
 from service.index.outbox import RedisOutbox
 from service.index.queue import RedisQueue, ShardedQueue
@@ -54,9 +69,9 @@ PIPELINE_CALLS = 16
 DEFAULT_TENANT_CACHE_SIZE = 100_000
 PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
-KINDS = {int(k): k for k in (Kind.PROMPT, Kind.RESPONSE, Kind.PROMPT | Kind.RESPONSE)}
-_KINDS_BITS = int(Kind.PROMPT | Kind.RESPONSE)  # a lookup row's kinds without lookup.lua's SENDER flag
-_SENDER = 4
+KINDS = {k: Kind(k) for k in (PROMPT_BIT, RESPONSE_BIT, PROMPT_BIT | RESPONSE_BIT, 7)}  # 7: served first
+_KINDS_BITS = PROMPT_BIT | RESPONSE_BIT | SERVED_FIRST_BIT  # a lookup row's kinds without lookup.lua's SENDER flag
+_SENDER = 8
 
 _TENANT_REFS = """
 local out = {}
@@ -161,9 +176,9 @@ def encode_entries(
     offsets: npt.NDArray[np.uint64],
     kinds: npt.NDArray[np.uint64],
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """Entries as stored, ``varint(tenant * 4 + kinds) . doc u32 . varint(offset)``, as rows of up to
+    """Entries as stored, ``varint(tenant * 8 + kinds) . doc u32 . varint(offset)``, as rows of up to
     14 bytes with the mask of the bytes each uses (row-major selection gives the bytes in order)."""
-    head, head_used = _varints(tenants * np.uint64(4) + kinds)
+    head, head_used = _varints(tenants * np.uint64(8) + kinds)
     tail, tail_used = _varints(offsets)
     rows = np.hstack([head, _be(docs, ">u4"), tail])
     used = np.hstack([head_used, np.ones((len(docs), 4), dtype=bool), tail_used])
@@ -446,7 +461,12 @@ class RedisIndex:
         ]
         bits = _decimals(self._layout.filter_bits(values))
         replies = await self._per_shard(
-            key_id, values, [(records, mask), bits], self._insert, common_args, [self._layout.filter_bytes]
+            key_id,
+            values,
+            [(records, mask), bits],
+            self._insert,
+            common_args,
+            [self._layout.filter_bytes, HELD_TENANTS],
         )
         counts: dict[tuple[int, int, int, int], int] = {}
         for reply in replies:  # one per shard: the same pair can show up in several

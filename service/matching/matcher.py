@@ -30,7 +30,7 @@ from bleedwatch.fingerprint.scheme import Params
 from bleedwatch.limits import DEFAULT_MAX_FINGERPRINTS_PER_TEXT
 from service import metrics, tracing
 from service.findings.draft import FindingDraft
-from service.index.base import PROMPT_BIT, RESPONSE_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name
+from service.index.base import PROMPT_BIT, Doc, DocMeta, Entry, Hit, Index, Kind, Lookup, kind_name, sends
 from service.matching.evidence import (
     STRETCH_TOKENS,
     Budget,
@@ -58,7 +58,6 @@ from service.matching.known import Known, KnownFingerprints
 log = logging.getLogger(__name__)
 
 CANARY_PARAMS = Params(sample_mod=1)
-BOTH_BITS = PROMPT_BIT | RESPONSE_BIT
 # Earlier responses a batch may have judged again: fingerprints looked up per fingerprint of the batch,
 # beyond one text of the largest size a gateway may send (``Matcher._earlier``).
 LOOKUPS_PER_FINGERPRINT = 16
@@ -132,9 +131,10 @@ def candidates(docs: list[Doc], hits: list[Hit], needed: dict[bool, int], times:
     for hit in hits:
         doc = docs[hit.batch_pos]
         pairs: list[tuple[int, int, int, bool, float | None]] = []
+        sent = sends(hit.kinds)
         if doc.kind & Kind.RESPONSE:  # an incoming response, hit by another tenant's text
-            pairs.append((doc.ref, doc.tenant, hit.tenant, bool(hit.kinds & Kind.PROMPT), None))
-        if hit.kinds == Kind.RESPONSE:  # another tenant's answer, hit by incoming text
+            pairs.append((doc.ref, doc.tenant, hit.tenant, sent, None))
+        if not sent:  # another tenant's answer (the first of its documents with the text), hit by incoming text
             answer = bool(doc.kind & Kind.RESPONSE)
             pairs.append((hit.doc, hit.tenant, doc.tenant, not answer, times.get(doc.ref) if answer else None))
         for ref, tenant, source, sent, since in pairs:
@@ -346,25 +346,8 @@ class Matcher:
             return None
         known = await self._known.get(key_id)
         lookups = await _lookup_distinct(self._index, key_id, meta.values, now)
-        resent = await self._resent(key_id, ref, recipient, meta, lookups, now) if held else None
-        (c,) = await asyncio.to_thread(_classify_all, [(ref, recipient, meta)], lookups, known, resent)
+        (c,) = await asyncio.to_thread(_classify_all, [(ref, recipient, meta)], lookups, known, held)
         return c, lookups, await self._sources(key_id, sorted(c.refs()), known, now)
-
-    async def _resent(
-        self, key_id: str, ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], now: float
-    ) -> frozenset[int]:
-        """Prompts that sent the response's text again after it: accepted after it (a higher ref) and sent
-        after it (a later time), by the recipient or by another tenant that was served the text. A chat
-        sends its history, the leaked answer included, in its next turn. A source that was sent
-        before the answer but accepted after it (an arrival race) is no resend."""
-        later = {
-            e.doc
-            for found in lookups
-            for e in (found.entries if found.entries is not None else found.senders or ())
-            if e.doc > ref and e.kinds & PROMPT_BIT and (e.tenant == recipient or e.kinds == BOTH_BITS)
-        }
-        docs = await self._index.get_docs(key_id, sorted(later), now) if later else {}
-        return frozenset(r for r, d in docs.items() if d.ts > meta.ts)
 
     async def judge_again(self, key_id: str, ref: int, recipient: int, now: float) -> FindingDraft | None:
         """What judging one response finds against the index as it is now: the evaluation asks it of every
@@ -381,7 +364,7 @@ class Matcher:
         """Whether a response is still a finding, judged again after the hold (service/findings/writer.py),
         when the rest of the traffic may have shown its text to be public: several tenants sent it
         since, or an operator allowlisted it. Only that should take a finding back (``_classify``,
-        ``resent``). A finding whose response, or whose source's first document (``source_ref``), has
+        ``again``). A finding whose response, or whose source's first document (``source_ref``), has
         left the window is kept: what it was judged on is no longer there to judge it again."""
         if source_ref is not None and source_ref > 0 and not await self._index.get_docs(key_id, [source_ref], now):
             return True
@@ -547,7 +530,7 @@ class Shared:
 
 
 def _classify_all(
-    todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known, resent: frozenset[int] | None = None
+    todo: list[tuple[int, int, DocMeta]], everything: list[Lookup], known: Known, again: bool = False
 ) -> list[Candidate]:
     out = []
     start = 0
@@ -555,24 +538,27 @@ def _classify_all(
         assert meta.values is not None
         lookups = everything[start : start + len(meta.values)]
         start += len(meta.values)
-        out.append(_classify(ref, tenant_ref, meta, lookups, known, resent))
+        out.append(_classify(ref, tenant_ref, meta, lookups, known, again))
     return out
 
 
 def _classify(
-    ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, resent: frozenset[int] | None = None
+    ref: int, recipient: int, meta: DocMeta, lookups: list[Lookup], known: Known, again: bool = False
 ) -> Candidate:
     """Each fingerprint of the response: blind, or who had it, in a prompt or in an answer.
 
-    ``resent``, given when judged a second time, after the hold (``Matcher.confirm``): only what has
-    since shown the text to be public may take a finding back, never what the leak itself caused. So
-    text common because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it,
-    is not blind: it is evidence of whoever sent it (one prompt leaked into many answers is the
+    A tenant that was served the text before it sent it (the index's ``SERVED_FIRST_BIT``: a chat
+    sends its history, the leaked answer included, in its next turn) is no sender of it: the
+    recipient's resend of this very answer is not its own text, another recipient's does not make
+    it public.
+
+    ``again``, when judged a second time, after the hold (``Matcher.confirm``): only what has since
+    shown the text to be public may take a finding back, never what the leak itself caused. So text
+    common because many tenants *hold* it, fewer than ``common_prompt_tenants`` having sent it, is
+    not blind: it is evidence of whoever sent it (one prompt leaked into many answers is the
     incident itself), and the rest of the leaked answers, which no one sent, is just not evidence,
-    as it was at the first judgment. And the prompts in ``resent`` (``Matcher._resent``) count for
-    nothing: the recipient's are not its own text, another recipient's do not make it public.
+    as it was at the first judgment.
     """
-    again = resent is not None
     assert meta.values is not None
     assert meta.offsets is not None
     own: list[Match] = []
@@ -599,14 +585,12 @@ def _classify(
             entries = found.senders  # common only by holders: who sent it, if anyone did
         mine = next((e for e in entries if e.tenant == recipient), None)
         others = [e for e in entries if e.tenant != recipient]
-        if resent:
-            if mine is not None and mine.doc in resent:
-                mine = None  # the recipient's own text only from after this answer: what it was told
-            others = [e for e in others if e.doc not in resent]  # a recipient resending it: no sender
-        if mine is not None and mine.kinds & PROMPT_BIT:
-            own.append(Match(offset, mine.doc, mine.offset))  # self-echo: the recipient sent this text
+        # Self-echo: the recipient sent this text, or resent it after an earlier answer; not when this
+        # answer is the first it had it in (its next turn sending the leak back).
+        if mine is not None and mine.kinds & PROMPT_BIT and (sends(mine.kinds) or mine.doc != ref):
+            own.append(Match(offset, mine.doc, mine.offset))
             continue
-        senders = [e for e in others if e.kinds & PROMPT_BIT]
+        senders = [e for e in others if sends(e.kinds)]
         if mine is not None and mine.doc != ref:
             before[offset] = mine.doc
         for e in senders:
@@ -615,7 +599,7 @@ def _classify(
         # recipient had not been: what the model says to several tenants, or again, is its own.
         # It is not blind for that: what a prompt of the same stretch shows still counts. A
         # sender of the phrase does not take it here: whose text it is, a stretch decides (_evidence).
-        served_to = [e for e in others if not e.kinds & PROMPT_BIT]
+        served_to = [e for e in others if not sends(e.kinds)]
         if len(served_to) == 1 and (mine is None or mine.doc == ref):
             e = served_to[0]
             served.setdefault(TenantSource(e.tenant), []).append(Match(offset, e.doc, e.offset))

@@ -2,18 +2,19 @@
 -- since a Redis script cannot load another. Layout and entry encoding: service/index/keys.py.
 --
 -- Stored value per field: '*' once common by senders, else entries of
---          varint(tenant * 4 + kinds) . doc u32 big-endian . varint(offset)
--- (kinds: 1 prompt, 2 response; varint: 7 bits a byte, low first, high bit = more follows),
--- or, once common only because many tenants hold it, '(' followed by the entries of its senders
--- (fewer than common_prompt_tenants): a later judgment can then tell one tenant's prompt leaked
--- into many answers from public text. Unambiguous: an entry's first byte mod 4 is its kinds,
--- never 0, and '(' is 40, so no entries value starts with it; an entry is at least 6 bytes, so
--- no entries value is '*'.
+--          varint(tenant * 8 + kinds) . doc u32 big-endian . varint(offset)
+-- (kinds: 1 prompt, 2 response, 4 served first: in a prompt, but first in an answer; varint: 7
+-- bits a byte, low first, high bit = more follows), or, once common only because many tenants
+-- hold it, '(' followed by the entries of its first HELD_TENANTS tenants and later senders: a
+-- later judgment can then tell one tenant's prompt leaked into many answers, and resent by their
+-- chats, from public text. Unambiguous: an entry's first byte mod 8 is its kinds, never 0, and
+-- '(' is 40, so no entries value starts with it; an entry is at least 6 bytes, so no entries
+-- value is '*'.
 
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 local spack, sunpack = struct.pack, struct.unpack
 local band, bor = bit.band, bit.bor
-local PROMPT, RESPONSE, COMMON = 1, 2, '*'
+local PROMPT, RESPONSE, SERVED_FIRST, COMMON = 1, 2, 4, '*'
 local HELD, HELD_BYTE = '(', 40  -- common by holders: the senders' entries follow
 local CHUNK = 1000  -- BITFIELD subcommands per call: Lua's unpack has a C stack limit
 
@@ -41,18 +42,25 @@ local function each(value, from, fn)
     while b >= 128 do
       b = byte(value, i); i = i + 1; o = o + (b % 128) * m; m = m * 128
     end
-    if fn(floor(x / 4), d, o, x % 4, start, i) then return end
+    if fn(floor(x / 8), d, o, x % 8, start, i) then return end
   end
 end
 
--- Fold entry (d, o, k) into e = {doc, offset, kinds}: kinds add up; the doc is the tenant's
--- prompt with the lowest ref, else its response with the lowest ref. Lowest, not first to
--- arrive: on a Redis Cluster each node sees batches in its own order, and refs are given at
--- acceptance, so the same traffic leaves the same entries whatever the topology or order.
+-- Whether an entry's tenant sent the text before it was served it: its first document is a prompt.
+local function sends(k)
+  return band(k, PROMPT + SERVED_FIRST) == PROMPT
+end
+
+-- Fold entry (d, o, k) into e = {doc, offset, kinds}: kinds add up; the doc is the tenant's first
+-- holding the text, the lowest ref, not the first to arrive: on a Redis Cluster each node sees
+-- batches in its own order, and refs are given at acceptance, so the same traffic leaves the
+-- same entries whatever the topology or order. A prompt after an answer is a resend (SERVED_FIRST).
 local function fold(e, d, o, k)
-  local had, has = band(e[3], PROMPT), band(k, PROMPT)
-  if has > had or (has == had and d < e[1]) then e[1] = d; e[2] = o end
-  e[3] = bor(e[3], k)
+  local first = e[3]
+  if d < e[1] then e[1] = d; e[2] = o; first = k end
+  local bits = band(bor(e[3], k), PROMPT + RESPONSE)
+  if band(bits, PROMPT) == PROMPT and not sends(first) then bits = bits + SERVED_FIRST end
+  e[3] = bits
 end
 
 -- All of a value's entries from byte `from` on merged per tenant into `merged` (tenant -> {doc,

@@ -4,7 +4,7 @@
 -- on a Redis Cluster the caller sends one shard per call, on a single Redis several.
 -- Layout, entry encoding and the presence filter: service/index/keys.py; common.lua comes first.
 --
--- KEYS     shard bases, e.g. bw:{<key id>:a7}:ix4, in the order of their records
+-- KEYS     shard bases, e.g. bw:{<key id>:a7}:ix5, in the order of their records
 -- ARGV[1]  current generation     ARGV[2] generations to read
 -- ARGV[3]  when the current generation's keys expire (Unix seconds, EXPIREAT)
 -- ARGV[4]  common: tenants with it in a prompt   ARGV[5] common: tenants with it at all
@@ -17,16 +17,17 @@
 --          (redis.call would otherwise turn Lua numbers into strings, which costs more than
 --          all the rest)
 -- ARGV[10] a filter's size in bytes, to create it at exactly that size
+-- ARGV[11] a value common by holders keeps the entries of this many tenants, then only of senders
 -- A bucket's key is <shard base> .. ':' .. generation .. ':' .. bucket bytes; a generation's
 -- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
 -- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
 -- that generation, and the read is skipped. Filters and buckets expire at the same second.
--- Stored value per field: '*' once common by senders, HELD and its senders' entries once common
--- only by holders, else entries, as common.lua says. A HELD value keeps the senders' entries of
--- this generation (fewer than ARGV[4]: bounded); '*' replaces it once the senders, over all
--- generations, reach ARGV[4]. A response changes no kept sender.
--- An entry's doc is the tenant's prompt with the fingerprint with the lowest ref, else its response
--- with the lowest ref (common.lua's fold), whatever order they arrived in.
+-- Stored value per field: '*' once common by senders, HELD and entries once common only by
+-- holders, else entries, as common.lua says. A HELD value keeps this generation's entries of its
+-- first ARGV[11] tenants and of later senders (fewer than ARGV[4]: bounded); '*' replaces it once
+-- the senders, over all generations, reach ARGV[4].
+-- An entry's doc is the tenant's first document with the fingerprint, the lowest ref, whatever
+-- order they arrived in; a tenant that was served it before it sent it is no sender (common.lua's fold).
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
 
 local cur = tonumber(ARGV[1])
@@ -38,6 +39,7 @@ local format = ARGV[6]
 local records = ARGV[8]
 local filter_bytes = tonumber(ARGV[10])
 local bit_offsets = parse_bits(ARGV[9])
+local held_tenants = tonumber(ARGV[11])
 local first_gen = cur - gens + 1
 
 local function varint(n)
@@ -53,7 +55,7 @@ local function varint(n)
 end
 
 local function entry(t, d, o, k)
-  return varint(t * 4 + k) .. spack('>I4', d) .. varint(o)
+  return varint(t * 8 + k) .. spack('>I4', d) .. varint(o)
 end
 
 local function set_bits(key, offsets)
@@ -68,10 +70,12 @@ local function set_bits(key, offsets)
 end
 
 -- `value` (its entries from byte `from` on) with this record's entry folded into its tenant's,
--- or appended; nil when that changes nothing.
-local function with_entry(value, from, tenant, doc, offset, kind, mine_entry)
-  local found, out = false, nil
+-- or appended unless it holds `limit` tenants already and the record is no prompt; nil when that
+-- changes nothing.
+local function with_entry(value, from, tenant, doc, offset, kind, mine_entry, limit)
+  local found, out, n = false, nil, 0
   each(value, from, function(t, d, o, k, first, after)
+    n = n + 1
     if t ~= tenant then return false end
     found = true
     local e = {d, o, k}
@@ -81,19 +85,17 @@ local function with_entry(value, from, tenant, doc, offset, kind, mine_entry)
     end
     return true
   end)
-  if not found then return value .. mine_entry end
+  if not found then
+    if n >= limit and kind ~= PROMPT then return nil end
+    return value .. mine_entry
+  end
   return out
 end
 
--- A value common by holders, for the current generation: HELD, then the senders' entries of
--- `value` (this generation's entries, or nil), raw.
+-- A value common by holders, for the current generation: HELD, then the entries of `value` (this
+-- generation's entries, fewer than common_tenants, or nil).
 local function held_of(value)
-  if not value then return HELD end
-  local parts = {HELD}
-  each(value, 1, function(t, d, o, k, first, after)
-    if band(k, PROMPT) == PROMPT then parts[#parts + 1] = sub(value, first, after - 1) end
-  end)
-  return table.concat(parts)
+  return HELD .. (value or '')
 end
 
 local hits, order = {}, {}
@@ -134,20 +136,19 @@ for s, base in ipairs(KEYS) do
     elseif merged ~= NONE then  -- someone had it: hits, and maybe it is common now
       local senders = 0
       for _, t in ipairs(tenants) do
-        if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
+        if sends(merged[t][3]) then senders = senders + 1 end
       end
       local mine = merged[tenant]
       if not held and senders < common_prompt and #tenants < common_any then
         local self_prompt = mine and band(mine[3], PROMPT) == PROMPT
         for _, t in ipairs(tenants) do
           local e = merged[t]
-          -- What may be a leak, either way (memory.py's _counts).
+          -- What may be a leak, either way (memory.py's _counts). A prompt may be the source of
+          -- an answer only as its tenant's first document with the text: after a prompt, the
+          -- answer was judged with that one; after an answer, it resends what it was told.
           local hit
-          -- A prompt re-sent adds nothing the answers it shares were not judged with already,
-          -- unless it was accepted before the one they were judged with (a lower ref: processed
-          -- out of order), which it now replaces as their source.
           if kind == RESPONSE then hit = not self_prompt
-          else hit = e[3] == RESPONSE and (not self_prompt or doc < mine[1]) end
+          else hit = not sends(e[3]) and (not mine or doc < mine[1]) end
           if t ~= tenant and hit then
             local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
             local h = hits[hk]
@@ -158,8 +159,14 @@ for s, base in ipairs(KEYS) do
           end
         end
       end
-      -- Common with this doc?
-      if kind == PROMPT and not (mine and band(mine[3], PROMPT) == PROMPT) then senders = senders + 1 end
+      -- Common with this doc? It may make its tenant a sender, or, an earlier answer, no longer one.
+      local was, now = mine and sends(mine[3]), kind == PROMPT
+      if mine then
+        local e = {mine[1], mine[2], mine[3]}
+        fold(e, doc, offset, kind)
+        now = sends(e[3])
+      end
+      if now and not was then senders = senders + 1 elseif was and not now then senders = senders - 1 end
       common = senders >= common_prompt
       held = held or #tenants + (mine and 0 or 1) >= common_any
     else
@@ -171,17 +178,17 @@ for s, base in ipairs(KEYS) do
     if common then
       if current ~= COMMON then new_value = COMMON end
     elseif held then
-      -- Only a sender changes what is kept; a value still of entries becomes HELD once, so that it
-      -- stays common after the generations that made it so expire, as '*' does.
+      -- A value still of entries becomes HELD once, so that it stays common after the generations
+      -- that made it so expire, as '*' does.
       if not current or byte(current) ~= HELD_BYTE then
         current = held_of(current)
         new_value = current
       end
-      if kind == PROMPT then new_value = with_entry(current, 2, tenant, doc, offset, kind, mine_entry) or new_value end
+      new_value = with_entry(current, 2, tenant, doc, offset, kind, mine_entry, held_tenants) or new_value
     elseif not current then
       new_value = mine_entry
     else
-      new_value = with_entry(current, 1, tenant, doc, offset, kind, mine_entry)
+      new_value = with_entry(current, 1, tenant, doc, offset, kind, mine_entry, math.huge)
     end
     if new_value then
       local key = gen_base[cur] .. bucket

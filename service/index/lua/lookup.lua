@@ -20,7 +20,7 @@ local format = ARGV[5]
 local records = ARGV[7]
 local bit_offsets = parse_bits(ARGV[8])
 local first_gen = cur - gens + 1
-local SENDER = 4  -- a kinds flag: a sender's entry after a common row (redis_index.py)
+local SENDER = 8  -- a kinds flag: a sender's entry after a common row (redis_index.py)
 
 local out, rows = {}, 0
 local at, r = 1, 0
@@ -44,7 +44,7 @@ for s, base in ipairs(KEYS) do
     end
     local senders = 0
     for _, t in ipairs(tenants) do
-      if band(merged[t][3], PROMPT) == PROMPT then senders = senders + 1 end
+      if sends(merged[t][3]) then senders = senders + 1 end
     end
     if common or senders >= common_prompt then
       rows = rows + 1
@@ -54,7 +54,7 @@ for s, base in ipairs(KEYS) do
       out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, SENDER)
       for _, t in ipairs(tenants) do
         local e = merged[t]
-        if band(e[3], PROMPT) == PROMPT then
+        if sends(e[3]) then
           rows = rows + 1
           out[rows] = spack('>I4I4I4I4B', pos, t, e[1], e[2], e[3] + SENDER)
         end
