@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import time
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,9 @@ from service.config import Settings
 from service.index.base import Doc, Index, Kind
 from service.index.factory import make_index
 from service.index.keys import DOC_REF_LIMIT, Keys
+from service.index.memory import MemoryIndex
 from service.index.redis_index import PIPELINE_CALLS, RECORDS_PER_CALL, RedisIndex
+from service.index.window import Window
 from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words
 
@@ -92,9 +95,9 @@ async def test_buckets_are_compact_listpacks(index: Index, settings: Settings) -
 
 
 async def test_a_value_common_by_holders_stores_its_entries_after_a_marker(index: Index, settings: Settings) -> None:
-    """'(' then the entries it had (keys.py): '(' is 40, a multiple of 8, which no entry starts
-    with; later holders are kept up to HELD_TENANTS, later senders always, and '*' replaces it all
-    once common_prompt_tenants (3) tenants sent it."""
+    """'(' then its senders' entries and a mark for each tenant served it (keys.py): '(' is 40, a
+    multiple of 8, which no entry starts with; marks are kept up to HELD_TENANTS, later senders
+    always, and '*' replaces it all once common_prompt_tenants (3) tenants sent it."""
     r = redis_of(index)
     values = np.array([0xA7B3000000000001], dtype=np.uint64)
     offsets = np.array([500], dtype=np.uint32)
@@ -109,11 +112,13 @@ async def test_a_value_common_by_holders_stores_its_entries_after_a_marker(index
     def entry(tenant: int, ref: int, offset: int, kinds: int) -> bytes:
         return varint(tenant * 8 + kinds) + ref.to_bytes(4, "big") + varint(offset)
 
-    had = entry(42, 123_456_789, 500, 1) + b"".join(entry(t, t, 501, 2) for t in range(100, 107))
-    assert await r.client.hget(key, field) == b"(" + had
+    sender = entry(42, 123_456_789, 500, 1)
+    assert await r.client.hget(key, field) == b"(" + sender + b"".join(varint(t * 8 + 6) for t in range(100, 107))
     await r.insert(NS, [Doc(7, 107, Kind.RESPONSE, values, offsets)], NOW)
     await r.insert(NS, [Doc(8, 108, Kind.PROMPT, values, offsets + 2)], NOW)
-    assert await r.client.hget(key, field) == b"(" + had + entry(107, 7, 500, 2) + entry(108, 8, 502, 1)
+    await r.insert(NS, [Doc(9, 100, Kind.PROMPT, values, offsets)], NOW)  # a recipient's chat sending it back
+    marks = b"".join(varint(t * 8 + 6) for t in range(100, 108))
+    assert await r.client.hget(key, field) == b"(" + sender + marks + entry(108, 8, 502, 1)
     await r.insert(NS, [Doc(9, 109, Kind.PROMPT, values, offsets)], NOW)
     assert await r.client.hget(key, field) == b"*"
     await r.insert(NS, [Doc(10, 110, Kind.PROMPT, values, offsets)], NOW)
@@ -282,3 +287,39 @@ async def test_stats_read_maxmemory_of_every_primary_with_the_memory(index: Inde
     finally:
         for node in nodes:
             await node.aclose()
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_scripts_and_the_embedded_index_agree_on_random_traffic(
+    index: Index, settings: Settings, seed: int
+) -> None:
+    """insert.lua and lookup.lua against memory.py, the same logic twice: random prompts and answers of
+    a dozen tenants over a few values, processed out of order, past common by holders and by senders,
+    with chats sending back what they were served. Hits and lookups must be the same."""
+    rng = np.random.default_rng(seed)
+    values = np.array([0xA7B3000000000001 + (i << 20) for i in range(6)], dtype=np.uint64)
+    for run in range(25):
+        ns = f"{seed:02x}{run:014x}"
+        memory = MemoryIndex(
+            Window(settings.retention_seconds, settings.index_generations),
+            settings.common_prompt_tenants,
+            settings.common_tenants,
+        )
+        docs = []
+        for ref in range(1, int(rng.integers(4, 40))):
+            chosen = np.sort(rng.choice(len(values), size=int(rng.integers(1, len(values) + 1)), replace=False))
+            offsets = rng.integers(0, 300, size=len(chosen)).astype(np.uint32)
+            kind = Kind.PROMPT if rng.random() < 0.4 else Kind.RESPONSE
+            docs.append(Doc(ref, int(rng.integers(1, 20)), kind, values[chosen], offsets))
+        order = rng.permutation(len(docs)) if rng.random() < 0.5 else np.arange(len(docs))
+        for i in order.tolist():
+            got = await index.insert(ns, [docs[i]], NOW)
+            want = await memory.insert(ns, [docs[i]], NOW)
+            assert sorted(map(astuple, got)) == sorted(map(astuple, want)), (seed, run, i)
+        got_lookup = await index.lookup(ns, values, NOW)
+        want_lookup = await memory.lookup(ns, values, NOW)
+        for g, w in zip(got_lookup, want_lookup, strict=True):
+            assert (g.entries is None) == (w.entries is None), (seed, run)
+            assert sorted(g.entries or ()) == sorted(w.entries or ()), (seed, run)
+            assert sorted(g.senders or ()) == sorted(w.senders or ()), (seed, run)
+            assert (g.senders is None) == (w.senders is None), (seed, run)

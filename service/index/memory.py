@@ -34,10 +34,14 @@ from service.index.window import Window
 
 
 class _Held(dict[int, Entry]):
-    """A value common only by holders: the entries of its first ``HELD_TENANTS`` tenants and of every
-    later sender (in this generation)."""
+    """A value common only by holders: its senders' entries (in this generation), and up to
+    ``HELD_TENANTS`` tenants served it (lua/common.lua's marks)."""
 
-    __slots__ = ()
+    __slots__ = ("served",)
+
+    def __init__(self, entries: dict[int, Entry]) -> None:
+        super().__init__((t, e) for t, e in entries.items() if sends(e.kinds))
+        self.served = {t for t, e in entries.items() if not sends(e.kinds)}
 
 
 # A generation's fingerprint table: value -> entries by tenant; _Held once common by holders with
@@ -128,10 +132,12 @@ class MemoryIndex:
         self._expire(now)
         return {ref: self._docs[(key_id, ref)][1] for ref in refs if (key_id, ref) in self._docs}
 
-    def _merged(self, key_id: str, value: int, gens: Iterable[int]) -> tuple[dict[int, Entry] | None, bool]:
-        """Entries over the live generations, oldest first (a held generation gives its senders'), and
-        whether it is common by holders; None when common by senders."""
+    def _merged(self, key_id: str, value: int, gens: Iterable[int]) -> tuple[dict[int, Entry] | None, bool, set[int]]:
+        """Entries over the live generations, oldest first (a held generation gives its senders'),
+        whether it is common by holders, and the tenants held generations say were served it; None
+        when common by senders."""
         merged: dict[int, Entry] = {}
+        served: set[int] = set()
         held = False
         for gen in gens:
             table = self._tables.get((key_id, gen))
@@ -139,16 +145,18 @@ class MemoryIndex:
                 continue
             entries = table.get(value, _ABSENT)
             if entries is None:
-                return None, True
+                return None, True, served
             if entries is _ABSENT:
                 continue
-            held = held or type(entries) is _Held
+            if isinstance(entries, _Held):
+                held = True
+                served |= entries.served
             for tenant, entry in entries.items():
                 old = merged.get(tenant)
                 merged[tenant] = entry if old is None else _fold(old, entry.doc, entry.offset, entry.kinds)
         if merged and _senders(merged.values()) >= self._common_prompt:
-            return None, True
-        return merged, held or len(merged) >= self._common_any
+            return None, True, served
+        return merged, held or len(merged) >= self._common_any, served
 
     async def insert(self, key_id: str, docs: list[Doc], now: float) -> list[Hit]:
         self._expire(now)
@@ -165,7 +173,7 @@ class MemoryIndex:
                 if since_yield == YIELD_EVERY:  # one text may hold 500,000
                     since_yield = 0
                     await asyncio.sleep(0)
-                merged, held = self._merged(key_id, value, gens)
+                merged, held, served = self._merged(key_id, value, gens)
                 if merged is None:
                     current[value] = None
                     continue
@@ -175,27 +183,28 @@ class MemoryIndex:
                         if tenant != doc.tenant and _counts(kind, doc.ref, mine, other):
                             key = (pos, tenant, other.doc, other.kinds)
                             counts[key] = counts.get(key, 0) + 1
-                after = dict(merged)
-                after[doc.tenant] = (
-                    Entry(doc.tenant, doc.ref, offset, kind) if mine is None else _fold(mine, doc.ref, offset, kind)
-                )
-                if _senders(after.values()) >= self._common_prompt:
+                new = Entry(doc.tenant, doc.ref, offset, kind)
+                folded = new if mine is None else _fold(mine, doc.ref, offset, kind)
+                # Its tenant a sender with this doc: not if served it while it was held.
+                sender = sends(folded.kinds) and doc.tenant not in served
+                was = mine is not None and sends(mine.kinds)
+                if _senders(merged.values()) + sender - was >= self._common_prompt:
                     current[value] = None
                     continue
                 stored = current.get(value)  # not None: _merged would have said common
                 entries: dict[int, Entry] = {} if stored is None else stored
-                held = held or len(after) >= self._common_any
-                if held and not isinstance(entries, _Held):
+                if (held or len(merged) + (mine is None) >= self._common_any) and not isinstance(entries, _Held):
                     # Held in this generation too, so that it stays common after the ones that made it so
                     # expire (as None does).
                     entries = _Held(entries)
                 current[value] = entries
                 old = entries.get(doc.tenant)
-                if old is None and held and not kind & PROMPT_BIT and len(entries) >= HELD_TENANTS:
-                    continue  # bounded: past that, only a sender is kept
-                entries[doc.tenant] = (
-                    Entry(doc.tenant, doc.ref, offset, kind) if old is None else _fold(old, doc.ref, offset, kind)
-                )
+                if old is not None:
+                    entries[doc.tenant] = _fold(old, doc.ref, offset, kind)
+                elif not isinstance(entries, _Held) or (sender and kind & PROMPT_BIT):
+                    entries[doc.tenant] = new
+                elif not sender and doc.tenant not in served and len(entries.served) < HELD_TENANTS:
+                    entries.served.add(doc.tenant)
         return [Hit(pos, tenant, ref, Kind(kinds), count) for (pos, tenant, ref, kinds), count in counts.items()]
 
     async def lookup(self, key_id: str, values: npt.NDArray[np.uint64], now: float) -> list[Lookup]:
@@ -204,7 +213,7 @@ class MemoryIndex:
         for i, value in enumerate(values.tolist()):
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            merged, held = self._merged(key_id, value, gens)
+            merged, held, _ = self._merged(key_id, value, gens)
             if merged is None:
                 out.append(Lookup(None))
             elif held:

@@ -5,16 +5,18 @@
 --          varint(tenant * 8 + kinds) . doc u32 big-endian . varint(offset)
 -- (kinds: 1 prompt, 2 response, 4 served first: in a prompt, but first in an answer; varint: 7
 -- bits a byte, low first, high bit = more follows), or, once common only because many tenants
--- hold it, '(' followed by the entries of its first HELD_TENANTS tenants and later senders: a
--- later judgment can then tell one tenant's prompt leaked into many answers, and resent by their
--- chats, from public text. Unambiguous: an entry's first byte mod 8 is its kinds, never 0, and
--- '(' is 40, so no entries value starts with it; an entry is at least 6 bytes, so no entries
--- value is '*'.
+-- hold it, '(' followed by its senders' entries and a mark, varint(tenant * 8 + 6), for each of
+-- up to HELD_TENANTS tenants served it: a later judgment can then tell one tenant's prompt leaked
+-- into many answers, and sent back by their chats, from public text, in as few bytes as a value
+-- of entries (a listpack value, docs/capacity.md). Unambiguous: an entry's first byte mod 8 is
+-- its kinds, never 0, and '(' is 40, so no entries value starts with it; an entry is at least 6
+-- bytes, so no entries value is '*'.
 
 local byte, char, sub, floor = string.byte, string.char, string.sub, math.floor
 local spack, sunpack = struct.pack, struct.unpack
 local band, bor = bit.band, bit.bor
 local PROMPT, RESPONSE, SERVED_FIRST, COMMON = 1, 2, 4, '*'
+local MARK = 6  -- the kinds of a served mark: a tenant without doc or offset, in a HELD value only
 local HELD, HELD_BYTE = '(', 40  -- common by holders: the senders' entries follow
 local CHUNK = 1000  -- BITFIELD subcommands per call: Lua's unpack has a C stack limit
 
@@ -27,7 +29,8 @@ local function parse_bits(text)
 end
 
 -- Calls fn(tenant, doc, offset, kinds, first byte, byte after) for each entry of a stored value
--- from byte `from` on (2 past a HELD marker), until fn returns true.
+-- from byte `from` on (2 past a HELD marker), until fn returns true; a mark has kinds MARK and no
+-- doc or offset.
 local function each(value, from, fn)
   local i, n = from, #value
   while i <= n do
@@ -35,14 +38,16 @@ local function each(value, from, fn)
     while b >= 128 do
       b = byte(value, i); i = i + 1; x = x + (b % 128) * m; m = m * 128
     end
-    local d = sunpack('>I4', value, i)
-    i = i + 4
-    local o
-    o, m, b = 0, 1, 128
-    while b >= 128 do
-      b = byte(value, i); i = i + 1; o = o + (b % 128) * m; m = m * 128
+    local k, d, o = x % 8, nil, nil
+    if k ~= MARK then
+      d = sunpack('>I4', value, i)
+      i = i + 4
+      o, m, b = 0, 1, 128
+      while b >= 128 do
+        b = byte(value, i); i = i + 1; o = o + (b % 128) * m; m = m * 128
+      end
     end
-    if fn(floor(x / 8), d, o, x % 8, start, i) then return end
+    if fn(floor(x / 8), d, o, k, start, i) then return end
   end
 end
 
@@ -64,21 +69,24 @@ local function fold(e, d, o, k)
 end
 
 -- All of a value's entries from byte `from` on merged per tenant into `merged` (tenant -> {doc,
--- offset, kinds}), tenants in order of first appearance appended to `tenants`.
-local function merge(value, from, merged, tenants)
+-- offset, kinds}), tenants in order of first appearance appended to `tenants`; marked tenants set
+-- in `marked`.
+local function merge(value, from, merged, tenants, marked)
   each(value, from, function(t, d, o, k)
-    if merged[t] then fold(merged[t], d, o, k) else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
+    if k == MARK then marked[t] = true
+    elseif merged[t] then fold(merged[t], d, o, k)
+    else merged[t] = {d, o, k}; tenants[#tenants + 1] = t end
   end)
 end
 
--- A stored value that is not '*' merged as above: its entries, or a held value's senders after its
--- first byte; whether it was held.
-local function merge_stored(value, merged, tenants)
+-- A stored value that is not '*' merged as above: its entries, or a held value's after its first
+-- byte; whether it was held.
+local function merge_stored(value, merged, tenants, marked)
   if byte(value) == HELD_BYTE then
-    merge(value, 2, merged, tenants)
+    merge(value, 2, merged, tenants, marked)
     return true
   end
-  merge(value, 1, merged, tenants)
+  merge(value, 1, merged, tenants, marked)
   return false
 end
 

@@ -22,10 +22,10 @@
 -- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
 -- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
 -- that generation, and the read is skipped. Filters and buckets expire at the same second.
--- Stored value per field: '*' once common by senders, HELD and entries once common only by
--- holders, else entries, as common.lua says. A HELD value keeps this generation's entries of its
--- first ARGV[11] tenants and of later senders (fewer than ARGV[4]: bounded); '*' replaces it once
--- the senders, over all generations, reach ARGV[4].
+-- Stored value per field: '*' once common by senders, HELD, its senders' entries and served
+-- marks once common only by holders, else entries, as common.lua says. A HELD value keeps this
+-- generation's senders (fewer than ARGV[4]: bounded) and marks up to ARGV[11]; '*' replaces it
+-- once the senders, over all generations, reach ARGV[4].
 -- An entry's doc is the tenant's first document with the fingerprint, the lowest ref, whatever
 -- order they arrived in; a tenant that was served it before it sent it is no sender (common.lua's fold).
 -- Returns flat groups of five integers: batch pos, other tenant, its doc, its kinds, count.
@@ -58,6 +58,10 @@ local function entry(t, d, o, k)
   return varint(t * 8 + k) .. spack('>I4', d) .. varint(o)
 end
 
+local function mark(t)
+  return varint(t * 8 + MARK)
+end
+
 local function set_bits(key, offsets)
   for first = 1, #offsets, CHUNK do
     local args, n = {}, 0
@@ -69,33 +73,37 @@ local function set_bits(key, offsets)
   end
 end
 
--- `value` (its entries from byte `from` on) with this record's entry folded into its tenant's,
--- or appended unless it holds `limit` tenants already and the record is no prompt; nil when that
--- changes nothing.
-local function with_entry(value, from, tenant, doc, offset, kind, mine_entry, limit)
-  local found, out, n = false, nil, 0
+-- `value` (its entries from byte `from` on) with this record's entry folded into its tenant's (a
+-- marked tenant stays marked), or else `item` appended (nil: nothing; a mark only while there are
+-- fewer than `limit`); nil when that changes nothing.
+local function with_entry(value, from, tenant, doc, offset, kind, item, limit)
+  local found, out, marks = false, nil, 0
   each(value, from, function(t, d, o, k, first, after)
-    n = n + 1
+    if k == MARK then marks = marks + 1 end
     if t ~= tenant then return false end
     found = true
-    local e = {d, o, k}
-    fold(e, doc, offset, kind)
-    if e[1] ~= d or e[2] ~= o or e[3] ~= k then
-      out = sub(value, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(value, after)
+    if k ~= MARK then
+      local e = {d, o, k}
+      fold(e, doc, offset, kind)
+      if e[1] ~= d or e[2] ~= o or e[3] ~= k then
+        out = sub(value, 1, first - 1) .. entry(t, e[1], e[2], e[3]) .. sub(value, after)
+      end
     end
     return true
   end)
-  if not found then
-    if n >= limit and kind ~= PROMPT then return nil end
-    return value .. mine_entry
-  end
-  return out
+  if found or not item or (byte(item) % 8 == MARK and marks >= limit) then return out end
+  return value .. item
 end
 
--- A value common by holders, for the current generation: HELD, then the entries of `value` (this
--- generation's entries, fewer than common_tenants, or nil).
+-- A value common by holders, for the current generation: HELD, then the senders' entries of
+-- `value` (this generation's entries, or nil) and marks for the others.
 local function held_of(value)
-  return HELD .. (value or '')
+  if not value then return HELD end
+  local parts = {HELD}
+  each(value, 1, function(t, d, o, k, first, after)
+    parts[#parts + 1] = sends(k) and sub(value, first, after - 1) or mark(t)
+  end)
+  return table.concat(parts)
 end
 
 local hits, order = {}, {}
@@ -120,18 +128,19 @@ for s, base in ipairs(KEYS) do
     at = next_at
     local bit_arg = bit_offsets[r]
     -- common: by senders ('*'); held: by holders, with fewer senders (HELD, or counted here).
-    local merged, tenants, common, held, current = NONE, NONE, false, false, nil
+    local merged, tenants, marked, common, held, current = NONE, NONE, NONE, false, false, nil
     for gen = first_gen, cur do
       if present[gen][i] == 1 or (gen == cur and set_now[bit_arg]) then
         local value = redis.call('HGET', gen_base[gen] .. bucket, field)
         if value then
           if gen == cur then current = value end
           if value == COMMON then common = true break end
-          if merged == NONE then merged, tenants = {}, {} end
-          held = merge_stored(value, merged, tenants) or held
+          if merged == NONE then merged, tenants, marked = {}, {}, {} end
+          held = merge_stored(value, merged, tenants, marked) or held
         end
       end
     end
+    local now = kind == PROMPT  -- its tenant a sender, with this doc
     if common then  -- nothing to count
     elseif merged ~= NONE then  -- someone had it: hits, and maybe it is common now
       local senders = 0
@@ -160,12 +169,13 @@ for s, base in ipairs(KEYS) do
         end
       end
       -- Common with this doc? It may make its tenant a sender, or, an earlier answer, no longer one.
-      local was, now = mine and sends(mine[3]), kind == PROMPT
+      local was = mine and sends(mine[3])
       if mine then
         local e = {mine[1], mine[2], mine[3]}
         fold(e, doc, offset, kind)
         now = sends(e[3])
       end
+      if marked[tenant] then now = false end  -- served it while it was held
       if now and not was then senders = senders + 1 elseif was and not now then senders = senders - 1 end
       common = senders >= common_prompt
       held = held or #tenants + (mine and 0 or 1) >= common_any
@@ -184,11 +194,13 @@ for s, base in ipairs(KEYS) do
         current = held_of(current)
         new_value = current
       end
-      new_value = with_entry(current, 2, tenant, doc, offset, kind, mine_entry, held_tenants) or new_value
+      local item = nil  -- a sender's first prompt here, or a mark for a tenant served it
+      if now and kind == PROMPT then item = mine_entry elseif not now and not marked[tenant] then item = mark(tenant) end
+      new_value = with_entry(current, 2, tenant, doc, offset, kind, item, held_tenants) or new_value
     elseif not current then
       new_value = mine_entry
     else
-      new_value = with_entry(current, 1, tenant, doc, offset, kind, mine_entry, math.huge)
+      new_value = with_entry(current, 1, tenant, doc, offset, kind, mine_entry, 0)
     end
     if new_value then
       local key = gen_base[cur] .. bucket

@@ -35,12 +35,12 @@ for s, base in ipairs(KEYS) do
     r = r + 1
     local pos, bucket, field, next_at = sunpack(format, records, at)
     at = next_at
-    local merged, tenants, common, held = {}, {}, false, false
+    local merged, tenants, marked, common, held = {}, {}, {}, false, false
     for gen = first_gen, cur do
       local value = nil
       if present[gen][i] == 1 then value = redis.call('HGET', gen_base[gen] .. bucket, field) end
       if value == COMMON then common = true break end
-      if value then held = merge_stored(value, merged, tenants) or held end
+      if value then held = merge_stored(value, merged, tenants, marked) or held end
     end
     local senders = 0
     for _, t in ipairs(tenants) do
