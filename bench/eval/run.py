@@ -143,6 +143,7 @@ def score(traffic: Traffic, findings: list[dict[str, Any]], public: list[list[st
         "findings": len(findings),
         "precision": true_positive / len(findings) if findings else 1.0,
         "false_positives": len(false),
+        "clean": traffic.clean,
         "false_positives_per_10k_clean": 10_000 * clean_fp / traffic.clean,
         "false_of_public_text": of_public,  # quotes of the public text the traffic quotes, which the bundle lacks
         "false_by_severity": dict(Counter(str(f["severity"]) for f in false)),
@@ -176,7 +177,8 @@ def score(traffic: Traffic, findings: list[dict[str, Any]], public: list[list[st
 
 def report(result: dict[str, Any], args: argparse.Namespace, elapsed: float, exchanges: int) -> str:
     lines = [
-        f"split {args.split} {args.side}: exchanges {exchanges} ({args.clean} clean, {result['leaks']} with a leak) "
+        f"split {args.split} {args.side}: exchanges {exchanges} "
+        f"({result['clean']} clean, {result['leaks']} with a leak) "
         f"from {args.tenants} tenants, "
         f"replayed in {elapsed:.0f} s; n={args.n} w={args.w} response_w={args.response_w}, "
         f"sampling 1/{DEFAULT_PARAMS.sample_mod} after {DEFAULT_PARAMS.sample_after} tokens",
@@ -251,6 +253,9 @@ def main() -> None:
     p.add_argument("--leaks-per-cell", type=int, default=20)
     p.add_argument("--long-share", type=float, default=0.01)
     p.add_argument("--response-share", type=float, default=0.15, help="share of leaks of a source's answer")
+    p.add_argument(
+        "--chat-share", type=float, default=0.0, help="share of exchanges a chat goes on from, sending them back"
+    )
     p.add_argument("--split", choices=sorted(SPLITS), default="a", help="families split (bench/eval/families.py)")
     p.add_argument("--side", choices=("tune", "held_out"), default="held_out", help="which side of the split")
     p.add_argument("--allowlist-quoted", action="store_true", help="also allowlist the public texts the traffic quotes")
@@ -304,6 +309,7 @@ def main() -> None:
         long_share=args.long_share,
         seed=args.seed,
         response_share=args.response_share,
+        chat_share=args.chat_share,
     )
     digest = hashlib.sha256(orjson.dumps([[ex.request_id, ex.prompt, ex.response] for ex in traffic.order])).hexdigest()
     print(f"traffic {digest[:12]} from {len(passages)} passages", file=sys.stderr)

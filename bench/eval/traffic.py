@@ -6,13 +6,16 @@ generated tokens too) shows only against that answer. Answers also carry stock p
 tenant gets, quotes of public text, and echoes of the tenant's own prompts.
 
 Exchanges have the time they happened (``ts``) and an arrival order (``Traffic.order``): a
-leak's source happened first, and in a share of the leaks arrives after its recipient.
+leak's source happened first, and in a share of the leaks arrives after its recipient. A share
+of exchanges, leaked ones included, go on as a chat: a next turn whose prompt sends the whole
+conversation back, the answer with whatever it carried.
 """
 
 from __future__ import annotations
 
 import random
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +104,10 @@ def generate(
     long_share: float,
     seed: int,
     response_share: float = 0.15,
+    chat_share: float = 0.0,
 ) -> Traffic:
-    """``leaks_per_cell`` leaks per span and perturbation, ``response_share`` of them of a source's answer."""
+    """``leaks_per_cell`` leaks per span and perturbation, ``response_share`` of them of a source's answer;
+    ``chat_share`` of all exchanges have a next turn (``next_turns``)."""
     rng = random.Random(seed)
     own = [passages[i::tenants] for i in range(tenants)]
     prompts = [pool[0::2] for pool in own]
@@ -187,7 +192,33 @@ def generate(
                         source_kind,
                     )
                 )
-    return Traffic(order, leaks, clean)
+    turns = random.Random(seed + 1)  # its own stream: with no chat the traffic is what it was
+    chats = next_turns(order, chat_share, turns, lambda t: turns.choice(prompts[t]), lambda t: turns.choice(answers[t]))
+    return Traffic(chats, leaks, clean + len(chats) - len(order))
+
+
+def next_turns(
+    order: list[Exchange],
+    share: float,
+    rng: random.Random,
+    question: Callable[[int], list[str]],
+    answer: Callable[[int], list[str]],
+) -> list[Exchange]:
+    """``order`` with a next turn after ``share`` of its exchanges, 1 to 10 exchanges later: its prompt is
+    the exchange's prompt and answer, sent back as a chat does, and a new question of the tenant's; its
+    answer a new one. A leaked answer goes back to the service in a prompt of its recipient."""
+    keyed: list[tuple[float, Exchange]] = []
+    for i, ex in enumerate(order):
+        keyed.append((i, ex))
+        if rng.random() < share:
+            t = int(ex.tenant.rsplit("-", 1)[1])
+            ask, said = question(t), answer(t)
+            later = rng.randint(1, 10)
+            turn = Exchange(ex.tenant, f"{ex.request_id}-next", ex.prompt + ex.response + ask, list(said), ask, said)
+            turn.ts = ex.ts + later
+            keyed.append((i + later + 0.5, turn))
+    keyed.sort(key=lambda k: k[0])
+    return [ex for _, ex in keyed]
 
 
 def wire(ex: Exchange) -> dict[str, Any]:
