@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
 from bench.eval import offline
-from bench.eval.traffic import Exchange, Traffic
+from bench.eval.traffic import Exchange, Traffic, next_turns
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS
 from tests.traffic import KEY, words
 
@@ -53,3 +55,18 @@ async def test_why_marks_the_copy_and_what_no_other_tenant_holds() -> None:
     assert "#" in letters
     assert letters.startswith(".")
     assert "x" not in letters
+
+
+def test_a_chat_goes_on_after_its_exchange_sending_it_back() -> None:
+    """``next_turns``: a next turn sends the whole conversation back, after the exchange, in time too."""
+    order = [Exchange(f"tenant-{i:03d}", f"r{i}", [f"q{i}"], [f"a{i}"], ts=float(i)) for i in range(50)]
+    rng = random.Random(3)
+    assert next_turns(order, 0.0, rng, lambda t: ["new"], lambda t: ["said"]) == order
+    chats = next_turns(order, 1.0, rng, lambda t: ["new"], lambda t: ["said"])
+    assert len(chats) == 100
+    at = {ex.request_id: i for i, ex in enumerate(chats)}
+    for ex in order:
+        turn = chats[at[f"{ex.request_id}-next"]]
+        assert at[turn.request_id] > at[ex.request_id]
+        assert turn.ts > ex.ts
+        assert (turn.tenant, turn.prompt, turn.response) == (ex.tenant, ex.prompt + ex.response + ["new"], ["said"])
