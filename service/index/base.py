@@ -11,10 +11,10 @@ chat sends its history, a leaked answer included, in its next turn). A fingerpri
 *common* (shared boilerplate) and its entries are dropped once ``common_prompt_tenants`` tenants
 sent it before being served it, or ``common_tenants`` tenants had it at all: only senders count
 towards the first, so one tenant's text leaking into several answers, and resent by their chats,
-keeps being evidence. Common only by holders, it keeps the entries of its first
-``HELD_TENANTS`` tenants and of every later sender: a later judgment of a finding can then tell
-one tenant's prompt leaked into many answers, which the leak itself makes common, from text that
-has become public.
+keeps being evidence. Common only by holders, it keeps its senders' entries (fewer than
+``common_prompt_tenants``: bounded) and which of up to ``HELD_TENANTS`` tenants were served it: a
+later judgment of a finding can then tell one tenant's prompt leaked into many answers, which the
+leak itself makes common, from text that has become public.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ RESPONSE_BIT = int(Kind.RESPONSE)
 # An entry's kinds flag: the tenant has the text in a prompt, but its first document holding it is
 # an answer: it was served the text before it sent it, so it is no sender of it (``sends``).
 SERVED_FIRST_BIT = 4
-# A value common only by holders keeps the entries of this many tenants, then only of new senders:
-# enough to tell the recipients of one prompt leaked into many answers from new senders when their
-# chats send it back, bounded however many tenants the model says a stock answer to.
+# A value common only by holders remembers this many tenants served it, so that the recipients of one
+# prompt leaked into many answers are no senders when their chats send it back; bounded however many
+# tenants the model says a stock answer to.
 HELD_TENANTS = 16
 
 

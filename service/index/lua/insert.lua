@@ -17,7 +17,7 @@
 --          (redis.call would otherwise turn Lua numbers into strings, which costs more than
 --          all the rest)
 -- ARGV[10] a filter's size in bytes, to create it at exactly that size
--- ARGV[11] a value common by holders keeps the entries of this many tenants, then only of senders
+-- ARGV[11] a value common by holders keeps marks for at most this many tenants served it
 -- A bucket's key is <shard base> .. ':' .. generation .. ':' .. bucket bytes; a generation's
 -- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
 -- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
