@@ -8,10 +8,10 @@ Per response fingerprint, in this order: allowlisted -> blind; a canary's -> evi
 canary, whatever else holds it; common (many tenants) -> blind; in one of the recipient's own
 prompts (self-echo) -> blind; else evidence for every other tenant that sent it, before it was
 served it, in a prompt no later than the longest request after this one, or that was served it in
-a response before this one (a decode GPU's pages hold generated tokens too). A response pair is judged in one direction only,
-from the earlier to the later, so one copy is one finding; and text the recipient was itself
-served before is no evidence that it came from another tenant's answer (stock answers), though
-it still is from another tenant's prompt.
+a response before this one (a decode GPU's pages hold generated tokens too). A response pair is
+judged in one direction only, from the earlier to the later, so one copy is one finding; and text
+the recipient was itself served before is no evidence that it came from another tenant's answer
+(stock answers), though it still is from another tenant's prompt.
 """
 
 from __future__ import annotations
