@@ -153,6 +153,19 @@ def senders_of(found: list[Lookup]) -> set[tuple[int, int, int, int]]:
     return {(e.tenant, e.doc, e.offset, e.kinds) for x in found for e in x.senders or ()}
 
 
+async def test_a_leak_is_a_hit_when_its_recipients_next_turn_was_processed_first(index: Index) -> None:
+    """Tenant 2's next turn sends the leaked answer back; accepted after the answer (a higher ref), it is
+    processed first (another worker, a reclaimed batch). It is no prompt of tenant 2's before the answer."""
+    secret = words("argparse", 0, 60)
+    await index.insert(NS, [doc(5, 1, Kind.PROMPT, secret)], NOW)
+    await index.insert(NS, [doc(20, 2, Kind.PROMPT, secret)], NOW)
+    hits = await index.insert(NS, [doc(11, 2, Kind.RESPONSE, secret)], NOW)
+    assert {(h.tenant, h.doc, h.kinds) for h in hits} == {(1, 5, Kind.PROMPT)}
+    # Its own exchange's prompt (the ref before its response) is self-echo: no hit.
+    await index.insert(NS, [doc(30, 3, Kind.PROMPT, secret)], NOW)
+    assert await index.insert(NS, [doc(31, 3, Kind.RESPONSE, secret)], NOW) == []
+
+
 async def test_a_prompt_leaked_into_many_answers_keeps_its_sender(index: Index) -> None:
     """The answers make it common (common_tenants=8), but its one sender is still known: a later
     judgment must not take the leak, which made it common, for public text."""

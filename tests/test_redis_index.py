@@ -312,12 +312,17 @@ async def test_the_scripts_and_the_embedded_index_agree_on_random_traffic(
             kind = Kind.PROMPT if rng.random() < 0.4 else Kind.RESPONSE
             docs.append(Doc(ref, int(rng.integers(1, 20)), kind, values[chosen], offsets))
         order = rng.permutation(len(docs)) if rng.random() < 0.5 else np.arange(len(docs))
-        for i in order.tolist():
-            got = await index.insert(ns, [docs[i]], NOW)
-            want = await memory.insert(ns, [docs[i]], NOW)
+        # Over the generations of the window, now and then one behind (a replica's clock).
+        gens = np.sort(rng.integers(0, settings.index_generations, size=len(docs)))
+        gens = np.maximum(0, gens - (rng.random(len(docs)) < 0.1))
+        for i, gen in zip(order.tolist(), gens.tolist(), strict=True):
+            now = NOW + gen * settings.generation_seconds
+            got = await index.insert(ns, [docs[i]], now)
+            want = await memory.insert(ns, [docs[i]], now)
             assert sorted(map(astuple, got)) == sorted(map(astuple, want)), (seed, run, i)
-        got_lookup = await index.lookup(ns, values, NOW)
-        want_lookup = await memory.lookup(ns, values, NOW)
+        end = NOW + int(gens.max()) * settings.generation_seconds
+        got_lookup = await index.lookup(ns, values, end)
+        want_lookup = await memory.lookup(ns, values, end)
         for g, w in zip(got_lookup, want_lookup, strict=True):
             assert (g.entries is None) == (w.entries is None), (seed, run)
             assert sorted(g.entries or ()) == sorted(w.entries or ()), (seed, run)

@@ -254,7 +254,7 @@ def main() -> None:
     p.add_argument("--long-share", type=float, default=0.01)
     p.add_argument("--response-share", type=float, default=0.15, help="share of leaks of a source's answer")
     p.add_argument(
-        "--chat-share", type=float, default=0.0, help="share of exchanges a chat goes on from, sending them back"
+        "--chat-share", type=float, default=0.3, help="share of exchanges a chat goes on from, sending them back"
     )
     p.add_argument("--split", choices=sorted(SPLITS), default="a", help="families split (bench/eval/families.py)")
     p.add_argument("--side", choices=("tune", "held_out"), default="held_out", help="which side of the split")

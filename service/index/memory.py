@@ -39,9 +39,11 @@ class _Held(dict[int, Entry]):
 
     __slots__ = ("served",)
 
-    def __init__(self, entries: dict[int, Entry]) -> None:
-        super().__init__((t, e) for t, e in entries.items() if sends(e.kinds))
-        self.served = {t for t, e in entries.items() if not sends(e.kinds)}
+    def __init__(self, entries: dict[int, Entry], keep: int) -> None:
+        """``keep``: the tenant whose doc is being inserted keeps its entry, which that doc folds into
+        (lua/insert.lua's held_of)."""
+        super().__init__((t, e) for t, e in entries.items() if sends(e.kinds) or t == keep)
+        self.served = {t for t in entries if t not in self}
 
 
 # A generation's fingerprint table: value -> entries by tenant; _Held once common by holders with
@@ -134,8 +136,8 @@ class MemoryIndex:
 
     def _merged(self, key_id: str, value: int, gens: Iterable[int]) -> tuple[dict[int, Entry] | None, bool, set[int]]:
         """Entries over the live generations, oldest first (a held generation gives its senders'),
-        whether it is common by holders, and the tenants held generations say were served it; None
-        when common by senders."""
+        whether it is common by holders, and the tenants a held generation marks as served it, which
+        are no senders; None when a generation has it common by senders."""
         merged: dict[int, Entry] = {}
         served: set[int] = set()
         held = False
@@ -154,8 +156,6 @@ class MemoryIndex:
             for tenant, entry in entries.items():
                 old = merged.get(tenant)
                 merged[tenant] = entry if old is None else _fold(old, entry.doc, entry.offset, entry.kinds)
-        if merged and _senders(merged.values()) >= self._common_prompt:
-            return None, True, served
         return merged, held or len(merged) >= self._common_any, served
 
     async def insert(self, key_id: str, docs: list[Doc], now: float) -> list[Hit]:
@@ -178,7 +178,8 @@ class MemoryIndex:
                     current[value] = None
                     continue
                 mine = merged.get(doc.tenant)
-                if not held:
+                senders = _senders(merged.values(), served)
+                if not held and senders < self._common_prompt:
                     for tenant, other in merged.items():
                         if tenant != doc.tenant and _counts(kind, doc.ref, mine, other):
                             key = (pos, tenant, other.doc, other.kinds)
@@ -187,8 +188,8 @@ class MemoryIndex:
                 folded = new if mine is None else _fold(mine, doc.ref, offset, kind)
                 # Its tenant a sender with this doc: not if served it while it was held.
                 sender = sends(folded.kinds) and doc.tenant not in served
-                was = mine is not None and sends(mine.kinds)
-                if _senders(merged.values()) + sender - was >= self._common_prompt:
+                was = mine is not None and sends(mine.kinds) and doc.tenant not in served
+                if senders + sender - was >= self._common_prompt:
                     current[value] = None
                     continue
                 stored = current.get(value)  # not None: _merged would have said common
@@ -196,7 +197,7 @@ class MemoryIndex:
                 if (held or len(merged) + (mine is None) >= self._common_any) and not isinstance(entries, _Held):
                     # Held in this generation too, so that it stays common after the ones that made it so
                     # expire (as None does).
-                    entries = _Held(entries)
+                    entries = _Held(entries, keep=doc.tenant)
                 current[value] = entries
                 old = entries.get(doc.tenant)
                 if old is not None:
@@ -213,11 +214,11 @@ class MemoryIndex:
         for i, value in enumerate(values.tolist()):
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            merged, held, _ = self._merged(key_id, value, gens)
-            if merged is None:
+            merged, held, served = self._merged(key_id, value, gens)
+            if merged is None or _senders(merged.values(), served) >= self._common_prompt:
                 out.append(Lookup(None))
             elif held:
-                out.append(Lookup(None, tuple(e for e in merged.values() if sends(e.kinds))))
+                out.append(Lookup(None, tuple(e for e in merged.values() if sends(e.kinds) and e.tenant not in served)))
             else:
                 out.append(Lookup(tuple(merged.values())))
         return out
@@ -263,8 +264,8 @@ class MemoryIndex:
             del self._done[done_key]
 
 
-def _senders(entries: Iterable[Entry]) -> int:
-    return sum(sends(e.kinds) for e in entries)
+def _senders(entries: Iterable[Entry], served: set[int]) -> int:
+    return sum(sends(e.kinds) and e.tenant not in served for e in entries)
 
 
 def _fold(entry: Entry, doc: int, offset: int, kinds: int) -> Entry:
@@ -285,12 +286,12 @@ def _counts(kind: int, ref: int, mine: Entry | None, other: Entry) -> bool:
     """Whether a shared fingerprint may be evidence of a leak, in one direction or the other.
 
     An incoming response may have leaked from anything another tenant sent or received, unless
-    the recipient has the text in a prompt itself; an incoming prompt may be the source of another
+    the recipient has the text in a prompt of its own before it; an incoming prompt may be the source of another
     tenant's answer (an answer it was served first) only if it is now its tenant's first document
     holding the text: a prompt after one that sent it was judged with it already, and one after
     an answer that served it resends what the tenant was told. Which side of a response pair leaked
     is for the matcher to judge.
     """
-    if kind & RESPONSE_BIT:
-        return mine is None or not mine.kinds & PROMPT_BIT
+    if kind & RESPONSE_BIT:  # its recipient's prompt may have been processed first: a later ref
+        return mine is None or not mine.kinds & PROMPT_BIT or ref < mine.doc
     return not sends(other.kinds) and (mine is None or ref < mine.doc)

@@ -96,12 +96,13 @@ local function with_entry(value, from, tenant, doc, offset, kind, item, limit)
 end
 
 -- A value common by holders, for the current generation: HELD, then the senders' entries of
--- `value` (this generation's entries, or nil) and marks for the others.
-local function held_of(value)
+-- `value` (this generation's entries, or nil) and marks for the others, but for `keep`'s entry, which
+-- the record being inserted folds into next (it may make its tenant a sender).
+local function held_of(value, keep)
   if not value then return HELD end
   local parts = {HELD}
   each(value, 1, function(t, d, o, k, first, after)
-    parts[#parts + 1] = sends(k) and sub(value, first, after - 1) or mark(t)
+    parts[#parts + 1] = (sends(k) or t == keep) and sub(value, first, after - 1) or mark(t)
   end)
   return table.concat(parts)
 end
@@ -143,9 +144,9 @@ for s, base in ipairs(KEYS) do
     local now = kind == PROMPT  -- its tenant a sender, with this doc
     if common then  -- nothing to count
     elseif merged ~= NONE then  -- someone had it: hits, and maybe it is common now
-      local senders = 0
+      local senders = 0  -- a tenant marked as served it in any generation is none
       for _, t in ipairs(tenants) do
-        if sends(merged[t][3]) then senders = senders + 1 end
+        if sends(merged[t][3]) and not marked[t] then senders = senders + 1 end
       end
       local mine = merged[tenant]
       if not held and senders < common_prompt and #tenants < common_any then
@@ -156,7 +157,7 @@ for s, base in ipairs(KEYS) do
           -- an answer only as its tenant's first document with the text: after a prompt, the
           -- answer was judged with that one; after an answer, it resends what it was told.
           local hit
-          if kind == RESPONSE then hit = not self_prompt
+          if kind == RESPONSE then hit = not self_prompt or doc < mine[1]  -- or its prompt came later
           else hit = not sends(e[3]) and (not mine or doc < mine[1]) end
           if t ~= tenant and hit then
             local hk = pos .. ':' .. t .. ':' .. e[1] .. ':' .. e[3]
@@ -169,7 +170,7 @@ for s, base in ipairs(KEYS) do
         end
       end
       -- Common with this doc? It may make its tenant a sender, or, an earlier answer, no longer one.
-      local was = mine and sends(mine[3])
+      local was = mine and sends(mine[3]) and not marked[tenant]
       if mine then
         local e = {mine[1], mine[2], mine[3]}
         fold(e, doc, offset, kind)
@@ -191,7 +192,7 @@ for s, base in ipairs(KEYS) do
       -- A value still of entries becomes HELD once, so that it stays common after the generations
       -- that made it so expire, as '*' does.
       if not current or byte(current) ~= HELD_BYTE then
-        current = held_of(current)
+        current = held_of(current, tenant)
         new_value = current
       end
       local item = nil  -- a sender's first prompt here, or a mark for a tenant served it

@@ -44,7 +44,7 @@ for s, base in ipairs(KEYS) do
     end
     local senders = 0
     for _, t in ipairs(tenants) do
-      if sends(merged[t][3]) then senders = senders + 1 end
+      if sends(merged[t][3]) and not marked[t] then senders = senders + 1 end
     end
     if common or senders >= common_prompt then
       rows = rows + 1
@@ -54,7 +54,7 @@ for s, base in ipairs(KEYS) do
       out[rows] = spack('>I4I4I4I4B', pos, 0, 0, 0, SENDER)
       for _, t in ipairs(tenants) do
         local e = merged[t]
-        if sends(e[3]) then
+        if sends(e[3]) and not marked[t] then
           rows = rows + 1
           out[rows] = spack('>I4I4I4I4B', pos, t, e[1], e[2], e[3] + SENDER)
         end
