@@ -10,7 +10,7 @@ import pytest
 
 from bleedwatch.fingerprint.scheme import Params
 from service.config import Settings
-from service.index.base import HELD_TENANTS, SERVED_FIRST_BIT, Doc, DocMeta, Entry, Index, Kind, Lookup, sends
+from service.index.base import SERVED_FIRST_BIT, Doc, DocMeta, Entry, Index, Kind, Lookup, sends
 from service.index.window import Window
 from tests.conftest import ALL_BACKENDS
 from tests.traffic import fp, words
@@ -219,14 +219,15 @@ async def test_a_sender_after_it_became_common_is_kept(index: Index) -> None:
 
 
 async def test_a_value_common_by_holders_remembers_a_bounded_number_of_them(index: Index) -> None:
-    """Past ``HELD_TENANTS`` holders, a new one is not kept, and its resend then counts as a send."""
+    """Past what fits in ``HELD_VALUE_BYTES``, a new holder is not kept, and its resend then counts as a
+    send. Tenants 1 to 15 take a byte each, from 16 on two."""
     source = words("csv", 0, 80)
     f = fp(source)
-    for tenant in range(1, HELD_TENANTS + 2):
+    for tenant in range(1, 61):
         await index.insert(NS, [doc(tenant, tenant, Kind.RESPONSE, source)], NOW)
-    await index.insert(NS, [doc(100, 1, Kind.PROMPT, source), doc(101, HELD_TENANTS + 1, Kind.PROMPT, source)], NOW)
+    await index.insert(NS, [doc(100, 1, Kind.PROMPT, source), doc(101, 40, Kind.PROMPT, source)], NOW)
     kept = senders_of(await index.lookup(NS, f.values, NOW))
-    assert {(t, d, k) for t, d, _, k in kept} == {(HELD_TENANTS + 1, 101, Kind.PROMPT)}
+    assert {(t, d, k) for t, d, _, k in kept} == {(40, 101, Kind.PROMPT)}
 
 
 async def test_text_in_many_answers_and_no_prompt_has_no_senders(index: Index) -> None:

@@ -96,8 +96,9 @@ async def test_buckets_are_compact_listpacks(index: Index, settings: Settings) -
 
 async def test_a_value_common_by_holders_stores_its_entries_after_a_marker(index: Index, settings: Settings) -> None:
     """'(' then its senders' entries and a mark for each tenant served it (keys.py): '(' is 40, a
-    multiple of 8, which no entry starts with; marks are kept up to HELD_TENANTS, later senders
-    always, and '*' replaces it all once common_prompt_tenants (3) tenants sent it."""
+    multiple of 8, which no entry starts with; marks are kept while the value fits a listpack value
+    (HELD_VALUE_BYTES), later senders always, and '*' replaces it all once common_prompt_tenants (3)
+    tenants sent it."""
     r = redis_of(index)
     values = np.array([0xA7B3000000000001], dtype=np.uint64)
     offsets = np.array([500], dtype=np.uint32)
@@ -119,6 +120,13 @@ async def test_a_value_common_by_holders_stores_its_entries_after_a_marker(index
     await r.insert(NS, [Doc(9, 100, Kind.PROMPT, values, offsets)], NOW)  # a recipient's chat sending it back
     marks = b"".join(varint(t * 8 + 6) for t in range(100, 108))
     assert await r.client.hget(key, field) == b"(" + sender + marks + entry(108, 8, 502, 1)
+    for tenant in range(1000, 1100):  # tenant refs of two-byte marks: 15 more fit
+        await r.insert(NS, [Doc(tenant, tenant, Kind.RESPONSE, values, offsets)], NOW)
+    stored = await r.client.hget(key, field)
+    assert stored == b"(" + sender + marks + entry(108, 8, 502, 1) + b"".join(
+        varint(t * 8 + 6) for t in range(1000, 1015)
+    )
+    assert len(stored) == 63
     await r.insert(NS, [Doc(9, 109, Kind.PROMPT, values, offsets)], NOW)
     assert await r.client.hget(key, field) == b"*"
     await r.insert(NS, [Doc(10, 110, Kind.PROMPT, values, offsets)], NOW)

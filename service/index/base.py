@@ -12,7 +12,8 @@ chat sends its history, a leaked answer included, in its next turn). A fingerpri
 sent it before being served it, or ``common_tenants`` tenants had it at all: only senders count
 towards the first, so one tenant's text leaking into several answers, and resent by their chats,
 keeps being evidence. Common only by holders, it keeps its senders' entries (fewer than
-``common_prompt_tenants``: bounded) and which of up to ``HELD_TENANTS`` tenants were served it: a
+``common_prompt_tenants``: bounded) and which tenants were served it, while that fits in
+``HELD_VALUE_BYTES``: a
 later judgment of a finding can then tell one tenant's prompt leaked into many answers, which the
 leak itself makes common, from text that has become public.
 """
@@ -69,10 +70,11 @@ RESPONSE_BIT = int(Kind.RESPONSE)
 # An entry's kinds flag: the tenant has the text in a prompt, but its first document holding it is
 # an answer: it was served the text before it sent it, so it is no sender of it (``sends``).
 SERVED_FIRST_BIT = 4
-# A value common only by holders remembers this many tenants served it, so that the recipients of one
-# prompt leaked into many answers are no senders when their chats send it back; bounded however many
-# tenants the model says a stock answer to.
-HELD_TENANTS = 16
+# A value common only by holders remembers the tenants served it (a mark of 1 to 4 bytes each) while it
+# stays this long, so that the recipients of one prompt leaked into many answers are no senders when
+# their chats send it back: bounded however many tenants the model says a stock answer to, and no
+# longer than Redis' hash-max-listpack-value, past which a whole bucket loses its compact encoding.
+HELD_VALUE_BYTES = 64
 
 
 def sends(kinds: int) -> bool:

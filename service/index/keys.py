@@ -33,8 +33,8 @@ Index hashes (``ix5``): the first ``BLEEDWATCH_INDEX_BUCKET_BITS`` bits of a fin
 shard and bucket; the field is 3 bytes folded from the rest (below), the value ``*`` once it is common by
 senders, else one ``varint(tenant * 8 + kinds) . doc ref (u32) . varint(token offset)`` entry per tenant
 (kinds: 1 prompt, 2 response, 4 served first); common only by holders, ``(`` then the entries of its
-senders in that generation and a ``varint(tenant * 8 + 6)`` mark for each of up to ``HELD_TENANTS``
-tenants served it. ``(`` is 40: no entry's first byte is 0 mod 8 (its kinds). Each
+senders in that generation and a ``varint(tenant * 8 + 6)`` mark for each tenant served it, while the
+value stays within ``HELD_VALUE_BYTES`` (64). ``(`` is 40: no entry's first byte is 0 mod 8 (its kinds). Each
 shard and generation also has a presence filter bitmap, so the common case (a new fingerprint)
 skips the bucket read. Sizes and Redis settings: docs/capacity.md.
 """

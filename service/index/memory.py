@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.index.base import (
-    HELD_TENANTS,
+    HELD_VALUE_BYTES,
     PROMPT_BIT,
     RESPONSE_BIT,
     SERVED_FIRST_BIT,
@@ -34,8 +34,8 @@ from service.index.window import Window
 
 
 class _Held(dict[int, Entry]):
-    """A value common only by holders: its senders' entries (in this generation), and up to
-    ``HELD_TENANTS`` tenants served it (lua/common.lua's marks)."""
+    """A value common only by holders: its senders' entries (in this generation), and the tenants
+    served it, as many as lua/common.lua's marks fit in ``HELD_VALUE_BYTES``."""
 
     __slots__ = ("served",)
 
@@ -44,6 +44,12 @@ class _Held(dict[int, Entry]):
         (lua/insert.lua's held_of)."""
         super().__init__((t, e) for t, e in entries.items() if sends(e.kinds) or t == keep)
         self.served = {t for t in entries if t not in self}
+
+    def room_for(self, tenant: int) -> bool:
+        """Whether a mark for ``tenant`` keeps the value within ``HELD_VALUE_BYTES`` as Redis stores it."""
+        entries = sum(_varint_len(e.tenant * 8 + e.kinds) + 4 + _varint_len(e.offset) for e in self.values())
+        marks = sum(_varint_len(t * 8 + 6) for t in self.served | {tenant})
+        return 1 + entries + marks <= HELD_VALUE_BYTES
 
 
 # A generation's fingerprint table: value -> entries by tenant; _Held once common by holders with
@@ -204,7 +210,7 @@ class MemoryIndex:
                     entries[doc.tenant] = _fold(old, doc.ref, offset, kind)
                 elif not isinstance(entries, _Held) or (sender and kind & PROMPT_BIT):
                     entries[doc.tenant] = new
-                elif not sender and doc.tenant not in served and len(entries.served) < HELD_TENANTS:
+                elif not sender and doc.tenant not in served and entries.room_for(doc.tenant):
                     entries.served.add(doc.tenant)
         return [Hit(pos, tenant, ref, Kind(kinds), count) for (pos, tenant, ref, kinds), count in counts.items()]
 
@@ -262,6 +268,10 @@ class MemoryIndex:
             del self._docs[doc_key]
         for done_key in [k for k, gen in self._done.items() if gen < oldest]:
             del self._done[done_key]
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
 
 
 def _senders(entries: Iterable[Entry], served: set[int]) -> int:

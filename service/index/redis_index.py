@@ -37,7 +37,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from bleedwatch.fingerprint.scheme import Params
 from service import metrics
 from service.index.base import (
-    HELD_TENANTS,
+    HELD_VALUE_BYTES,
     PROMPT_BIT,
     RESPONSE_BIT,
     SERVED_FIRST_BIT,
@@ -466,7 +466,7 @@ class RedisIndex:
             [(records, mask), bits],
             self._insert,
             common_args,
-            [self._layout.filter_bytes, HELD_TENANTS],
+            [self._layout.filter_bytes, HELD_VALUE_BYTES],
         )
         counts: dict[tuple[int, int, int, int], int] = {}
         for reply in replies:  # one per shard: the same pair can show up in several

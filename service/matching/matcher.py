@@ -585,9 +585,10 @@ def _classify(
             entries = found.senders  # common only by holders: who sent it, if anyone did
         mine = next((e for e in entries if e.tenant == recipient), None)
         others = [e for e in entries if e.tenant != recipient]
-        # Self-echo: the recipient sent this text, or resent it after an earlier answer; not when this
-        # answer is the first it had it in (its next turn sending the leak back).
-        if mine is not None and mine.kinds & PROMPT_BIT and (sends(mine.kinds) or mine.doc != ref):
+        # Self-echo: the recipient sent this text, or sent it back after an earlier answer; not when this
+        # answer is the first it had it in (its next turn sending the leak back), nor, judged again
+        # after the hold, whatever it sent back since: a second leak of the text it was found with.
+        if mine is not None and mine.kinds & PROMPT_BIT and (sends(mine.kinds) or (mine.doc != ref and not again)):
             own.append(Match(offset, mine.doc, mine.offset))
             continue
         senders = [e for e in others if sends(e.kinds)]

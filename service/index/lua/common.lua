@@ -5,10 +5,10 @@
 --          varint(tenant * 8 + kinds) . doc u32 big-endian . varint(offset)
 -- (kinds: 1 prompt, 2 response, 4 served first: in a prompt, but first in an answer; varint: 7
 -- bits a byte, low first, high bit = more follows), or, once common only because many tenants
--- hold it, '(' followed by its senders' entries and a mark, varint(tenant * 8 + 6), for each of
--- up to HELD_TENANTS tenants served it: a later judgment can then tell one tenant's prompt leaked
--- into many answers, and sent back by their chats, from public text, in as few bytes as a value
--- of entries (a listpack value, docs/capacity.md). Unambiguous: an entry's first byte mod 8 is
+-- hold it, '(' followed by its senders' entries and a mark, varint(tenant * 8 + 6), for each
+-- tenant served it while the value stays within HELD_VALUE_BYTES: a later judgment can then tell
+-- one tenant's prompt leaked into many answers, and sent back by their chats, from public text,
+-- in no more bytes than a listpack value (docs/capacity.md). Unambiguous: an entry's first byte mod 8 is
 -- its kinds, never 0, and '(' is 40, so no entries value starts with it; an entry is at least 6
 -- bytes, so no entries value is '*'.
 

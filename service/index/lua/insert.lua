@@ -17,14 +17,14 @@
 --          (redis.call would otherwise turn Lua numbers into strings, which costs more than
 --          all the rest)
 -- ARGV[10] a filter's size in bytes, to create it at exactly that size
--- ARGV[11] a value common by holders keeps marks for at most this many tenants served it
+-- ARGV[11] a value common by holders takes a mark for a tenant served it only within this many bytes
 -- A bucket's key is <shard base> .. ':' .. generation .. ':' .. bucket bytes; a generation's
 -- presence filter is <shard base> .. ':f:' .. generation, a bitmap with one bit (of several per
 -- bucket) per fingerprint, set when its field is written: a clear bit proves the field is not in
 -- that generation, and the read is skipped. Filters and buckets expire at the same second.
 -- Stored value per field: '*' once common by senders, HELD, its senders' entries and served
 -- marks once common only by holders, else entries, as common.lua says. A HELD value keeps this
--- generation's senders (fewer than ARGV[4]: bounded) and marks up to ARGV[11]; '*' replaces it
+-- generation's senders (fewer than ARGV[4]: bounded) and marks within ARGV[11] bytes; '*' replaces it
 -- once the senders, over all generations, reach ARGV[4].
 -- An entry's doc is the tenant's first document with the fingerprint, the lowest ref, whatever
 -- order they arrived in; a tenant that was served it before it sent it is no sender (common.lua's fold).
@@ -39,7 +39,7 @@ local format = ARGV[6]
 local records = ARGV[8]
 local filter_bytes = tonumber(ARGV[10])
 local bit_offsets = parse_bits(ARGV[9])
-local held_tenants = tonumber(ARGV[11])
+local held_bytes = tonumber(ARGV[11])
 local first_gen = cur - gens + 1
 
 local function varint(n)
@@ -74,12 +74,11 @@ local function set_bits(key, offsets)
 end
 
 -- `value` (its entries from byte `from` on) with this record's entry folded into its tenant's (a
--- marked tenant stays marked), or else `item` appended (nil: nothing; a mark only while there are
--- fewer than `limit`); nil when that changes nothing.
+-- marked tenant stays marked), or else `item` appended (nil: nothing; a mark only if the value then
+-- holds at most `limit` bytes); nil when that changes nothing.
 local function with_entry(value, from, tenant, doc, offset, kind, item, limit)
-  local found, out, marks = false, nil, 0
+  local found, out = false, nil
   each(value, from, function(t, d, o, k, first, after)
-    if k == MARK then marks = marks + 1 end
     if t ~= tenant then return false end
     found = true
     if k ~= MARK then
@@ -91,7 +90,7 @@ local function with_entry(value, from, tenant, doc, offset, kind, item, limit)
     end
     return true
   end)
-  if found or not item or (byte(item) % 8 == MARK and marks >= limit) then return out end
+  if found or not item or (byte(item) % 8 == MARK and #value + #item > limit) then return out end
   return value .. item
 end
 
@@ -197,7 +196,7 @@ for s, base in ipairs(KEYS) do
       end
       local item = nil  -- a sender's first prompt here, or a mark for a tenant served it
       if now and kind == PROMPT then item = mine_entry elseif not now and not marked[tenant] then item = mark(tenant) end
-      new_value = with_entry(current, 2, tenant, doc, offset, kind, item, held_tenants) or new_value
+      new_value = with_entry(current, 2, tenant, doc, offset, kind, item, held_bytes) or new_value
     elseif not current then
       new_value = mine_entry
     else
