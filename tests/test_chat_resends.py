@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-import numpy as np
 import orjson
 import pytest
 
@@ -16,11 +15,11 @@ from service.findings.draft import FindingDraft
 from service.findings.writer import FindingsWriter, Written
 from service.index.base import Index
 from service.ingest.service import Ingestor
-from service.matching.known import NO_CANARIES, Known, KnownFingerprints
 from service.matching.matcher import Matcher
 from service.matching.thresholds import thresholds
 from service.pipeline import limits
 from tests.conftest import ALL_BACKENDS
+from tests.test_findings_hold import NoLists
 from tests.traffic import exchange as ex
 from tests.traffic import words
 
@@ -28,14 +27,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("settings", ALL_BACKEND
 
 SECRET = words("argparse", 0, 60)
 ANSWER = words("subprocess", 0, 60)  # what the model said to t0
-
-
-class _NoLists(KnownFingerprints):
-    def __init__(self) -> None:
-        pass
-
-    async def get(self, key_id: str) -> Known:
-        return Known(np.empty(0, np.uint64), NO_CANARIES)
 
 
 class _Collect(FindingsWriter):
@@ -49,7 +40,7 @@ class _Collect(FindingsWriter):
 
 class _Service:
     def __init__(self, index: Index, settings: Settings) -> None:
-        self.matcher = Matcher(index, _NoLists(), thresholds(settings), settings.max_request_seconds)
+        self.matcher = Matcher(index, NoLists(), thresholds(settings), settings.max_request_seconds)
         self.writer = _Collect()
         self.ingestor = Ingestor(index, self.matcher, cast(Any, None), limits(settings), self.writer)
 

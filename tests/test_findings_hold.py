@@ -213,7 +213,7 @@ async def test_drafting_a_finding_on_hold_again_keeps_its_due_time(index: Index)
 
 async def test_a_finding_whose_source_left_the_window_is_kept(index: Index, settings: Settings) -> None:
     """What the finding was judged on is gone: no second judgment can say it was public."""
-    matcher = Matcher(index, _NoLists(), thresholds(settings), settings.max_request_seconds)
+    matcher = Matcher(index, NoLists(), thresholds(settings), settings.max_request_seconds)
     writer = _Collect()
     ingestor = Ingestor(index, matcher, cast(Any, None), limits(settings), writer)
     now = time.time()
@@ -232,7 +232,7 @@ async def test_a_finding_whose_source_left_the_window_is_kept(index: Index, sett
     assert await judge(draft.source_ref + 1_000_000)  # a source no longer in the window: kept
 
 
-class _NoLists(KnownFingerprints):
+class NoLists(KnownFingerprints):
     def __init__(self) -> None:
         pass
 
