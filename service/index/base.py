@@ -13,9 +13,8 @@ sent it before being served it, or ``common_tenants`` tenants had it at all: onl
 towards the first, so one tenant's text leaking into several answers, and resent by their chats,
 keeps being evidence. Common only by holders, it keeps its senders' entries (fewer than
 ``common_prompt_tenants``: bounded) and which tenants were served it, while that fits in
-``HELD_VALUE_BYTES``: a
-later judgment of a finding can then tell one tenant's prompt leaked into many answers, which the
-leak itself makes common, from text that has become public.
+``HELD_VALUE_BYTES``: a later judgment of a finding can then tell one tenant's prompt leaked into
+many answers, which the leak itself makes common, from text that has become public.
 """
 
 from __future__ import annotations
@@ -110,11 +109,11 @@ class Lookup(NamedTuple):
 
     ``senders`` is a tuple only when entries is None because ``common_tenants`` tenants hold it
     while fewer than ``common_prompt_tenants`` sent it: the entries of those that sent it (``sends``),
-    merged over the live generations; ``()`` when none sent it (the model's own text, or a leaked answer's). Common
-    by senders (``common_prompt_tenants`` of them over those generations), or not common, it is
-    None. The first judgment reads ``entries`` only; a later one, before a finding is raised, needs
-    the senders to see that a leak of one tenant's prompt into many answers, which made it common,
-    is still that tenant's text.
+    merged over the live generations; ``()`` when none sent it (the model's own text, or a leaked
+    answer's). Common by senders (``common_prompt_tenants`` of them over those generations), or not
+    common, it is None. The first judgment reads ``entries`` only; a later one, before a finding is
+    raised, needs the senders to see that a leak of one tenant's prompt into many answers, which
+    made it common, is still that tenant's text.
     """
 
     entries: tuple[Entry, ...] | None

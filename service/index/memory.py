@@ -48,9 +48,11 @@ class _Held(dict[int, Entry]):
     def room_for(self, tenant: int) -> bool:
         """Whether a mark for ``tenant`` keeps the value within ``HELD_VALUE_BYTES`` as Redis stores it."""
         entries = sum(_varint_len(e.tenant * 8 + e.kinds) + 4 + _varint_len(e.offset) for e in self.values())
-        marks = sum(_varint_len(t * 8 + 6) for t in self.served | {tenant})
+        marks = sum(_varint_len(t * 8 + _MARK) for t in self.served | {tenant})
         return 1 + entries + marks <= HELD_VALUE_BYTES
 
+
+_MARK = 6  # a mark's kinds in Redis' encoding (lua/common.lua's MARK), for its size
 
 # A generation's fingerprint table: value -> entries by tenant; _Held once common by holders with
 # fewer than common_prompt_tenants senders; None once common by senders (lua/common.lua's '*').
@@ -296,11 +298,11 @@ def _counts(kind: int, ref: int, mine: Entry | None, other: Entry) -> bool:
     """Whether a shared fingerprint may be evidence of a leak, in one direction or the other.
 
     An incoming response may have leaked from anything another tenant sent or received, unless
-    the recipient has the text in a prompt of its own before it; an incoming prompt may be the source of another
-    tenant's answer (an answer it was served first) only if it is now its tenant's first document
-    holding the text: a prompt after one that sent it was judged with it already, and one after
-    an answer that served it resends what the tenant was told. Which side of a response pair leaked
-    is for the matcher to judge.
+    the recipient has the text in a prompt of its own before it; an incoming prompt may be the
+    source of another tenant's answer (an answer it was served first) only if it is now its
+    tenant's first document holding the text: a prompt after one that sent it was judged with it
+    already, and one after an answer that served it resends what the tenant was told. Which side
+    of a response pair leaked is for the matcher to judge.
     """
     if kind & RESPONSE_BIT:  # its recipient's prompt may have been processed first: a later ref
         return mine is None or not mine.kinds & PROMPT_BIT or ref < mine.doc

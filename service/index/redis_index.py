@@ -69,7 +69,10 @@ PIPELINE_CALLS = 16
 DEFAULT_TENANT_CACHE_SIZE = 100_000
 PURGE_PAGE = 1000  # document keys read (the start of each) per round trip while purging a tenant
 _LOOKUP_ROW = np.dtype([("pos", ">u4"), ("tenant", ">u4"), ("doc", ">u4"), ("offset", ">u4"), ("kinds", "u1")])
-KINDS = {k: Kind(k) for k in (PROMPT_BIT, RESPONSE_BIT, PROMPT_BIT | RESPONSE_BIT, 7)}  # 7: served first
+KINDS = {
+    k: Kind(k)
+    for k in (PROMPT_BIT, RESPONSE_BIT, PROMPT_BIT | RESPONSE_BIT, PROMPT_BIT | RESPONSE_BIT | SERVED_FIRST_BIT)
+}
 _KINDS_BITS = PROMPT_BIT | RESPONSE_BIT | SERVED_FIRST_BIT  # a lookup row's kinds without lookup.lua's SENDER flag
 _SENDER = 8
 
