@@ -64,6 +64,7 @@ class Replayed:
     seconds: float
     index: _Index
     matcher: Matcher
+    drafted: list[dict[str, Any]]  # with --judge-after: every finding, the withdrawn ones too
 
     async def why(self, recipient_request: str) -> dict[str, str]:
         """What the matcher finds in that response now, per source tenant (``Matcher.why``)."""
@@ -156,8 +157,9 @@ async def replay(
                     key_id, ref, tenant = index.responses[rid]
                     source = writer.drafts[rid].source_ref
                     settled[rid] = await matcher.confirm(key_id, ref, tenant, time.time(), source)
-    found = [_as_api(d) for d in writer.drafts.values() if settled.get(d.recipient_request_id, True)]
-    return Replayed(found, time.perf_counter() - started, index, matcher)
+    drafted = [_as_api(d) for d in writer.drafts.values()]
+    found = [f for f in drafted if settled.get(f["recipient_request_id"], True)]
+    return Replayed(found, time.perf_counter() - started, index, matcher, drafted)
 
 
 def _as_api(d: FindingDraft) -> dict[str, Any]:

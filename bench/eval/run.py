@@ -339,6 +339,11 @@ def main() -> None:
             findings = all_findings(service)
     result = score(traffic, findings, public)
     print(report(result, args, elapsed, len(traffic.order)))
+    if args.judge_after is not None:
+        # The same traffic without the hold: both sides of the comparison from one replay.
+        result["without_hold"] = score(traffic, replayed.drafted, public)
+        print("\nwithout the hold (every first draft kept):")
+        print(report(result["without_hold"], args, elapsed, len(traffic.order)))
     if args.why_missed:
         if not args.offline:
             sys.exit("--why-missed needs --offline: it asks the in-process index")
