@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from bleedwatch.exchange import fingerprint_exchange
 from bleedwatch.fingerprint.encoding import U32_LE, U64_LE, encode
 from bleedwatch.fingerprint.scheme import DEFAULT_PARAMS, Params, key_id
+from bleedwatch.fingerprint.tokens import tokenize
 from service.auth.keys import Role
 from service.tools.probe import UNSAMPLED, canary_text
 from tests.conftest import Api
@@ -230,6 +232,36 @@ async def test_text_someone_sent_came_from_that_prompt_whoever_was_served_it(api
     await post(api, ex("b", "b1", words("heapq"), words("argparse", 50, 120), now - 10))
     await post(api, ex("c", "c1", words("csv", 0, 40), words("argparse", 60, 110), now))
     assert {(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)} == {("b", "a"), ("c", "a")}
+
+
+def _twelve_tokens_the_prompt_shows_short(prompt: str) -> str:
+    """12 tokens of ``prompt`` of whose 9 shingles its winnowing keeps neither the first nor the last, but
+    two 5 to 8 apart: a copy the prompt alone shows as an 8- to 11-token stretch, scoring under 9."""
+    tokens = tokenize(prompt)
+    kept = set(fp(prompt, DEFAULT_PARAMS).offsets.tolist())
+    grams = Counter(tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3))
+    for start in range(len(tokens) - 12):
+        inside = sorted(kept & set(range(start, start + 9)))
+        once = all(grams[tuple(tokens[i : i + 4])] == 1 for i in range(start, start + 9))  # no phrase it repeats
+        if once and inside and 4 <= inside[-1] - inside[0] < 8:
+            return " ".join(tokens[start : start + 12])
+    raise AssertionError("no such 12 tokens")
+
+
+@pytest.mark.parametrize("echoed", [True, False])
+async def test_an_answer_echoing_the_sources_prompt_fills_in_what_its_winnowing_left_out(
+    api: Api, echoed: bool
+) -> None:
+    """a's prompt keeps about one shingle in two; the answer a was served that repeats it keeps every one.
+    Both are a's text, so a 12-token copy of it is a finding, although a's prompt alone shows less."""
+    now = time.time()
+    prompt = words("argparse", 0, 200)
+    answer = "As you wrote: " + prompt if echoed else words("json", 0, 30)
+    await post(api, ex("a", "a1", prompt, answer, now - 10))
+    leak = _twelve_tokens_the_prompt_shows_short(prompt)
+    await post(api, ex("b", "b1", words("heapq"), f"{words('csv', 0, 30)} {leak} {words('difflib', 0, 30)}", now))
+    got = [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)]
+    assert got == ([("b", "a")] if echoed else [])
 
 
 async def test_a_prompt_sent_long_after_an_answer_is_not_its_source(api: Api) -> None:

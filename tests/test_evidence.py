@@ -383,8 +383,9 @@ def test_pieces_and_copies_are_the_per_match_rules_in_numpy(
 def _reference_pieces(
     matches: list[Match], gaps: list[int], sources: dict[int, Params], n: int, response: Response | None
 ) -> list[Piece]:
-    """pieces() as it was written match by match, before numpy."""
-    out: list[Piece] = []
+    """pieces() as it was written match by match, before numpy, then the pieces of other documents over
+    one text united (``_reference_one_text``)."""
+    runs: list[list[Match]] = []
     ordered = sorted(matches, key=lambda m: (m.source_doc, m.source_offset - m.response_offset, m.response_offset))
     for (doc, _), group in groupby(ordered, key=lambda m: (m.source_doc, m.source_offset - m.response_offset)):
         source = sources[doc]
@@ -398,22 +399,31 @@ def _reference_pieces(
                 if m.response_offset - prev.response_offset > GAP_TOKENS * sampled or _reference_between(
                     gaps, prev.response_offset, m.response_offset
                 ):
-                    out.append(_reference_piece(run, n, source, response))
+                    runs.append(run)
                     run = []
             run.append(m)
-        out.append(_reference_piece(run, n, source, response))
-    return out
+        runs.append(run)
+    return _reference_one_text(runs, n, sources, response)
+
+
+def _reference_vouched(run: list[Match], n: int, source: Params) -> list[tuple[int, int]]:
+    """The tokens each match of a piece vouches for: up to the next match, at most as far as the source keeps them."""
+    last = run[-1]
+    sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
+    dense = max(n, source.w * sampled)
+    return [
+        (a.response_offset, a.response_offset + min(b.response_offset - a.response_offset, dense))
+        for a, b in pairwise(run)
+    ] + [(last.response_offset, last.response_offset + n)]
+
+
+def _free(spans: list[tuple[int, int]], response: Response | None) -> int:
+    return sum(hi - lo if response is None else int(response.free(lo, hi)) for lo, hi in spans)
 
 
 def _reference_piece(run: list[Match], n: int, source: Params, response: Response | None) -> Piece:
     first, last = run[0], run[-1]
-    sampled = source.sample_mod if source.sample_mod > 1 and last.source_offset >= source.sample_after else 1
-    dense = max(n, source.w * sampled)
-    stretches = [
-        (a.response_offset, a.response_offset + min(b.response_offset - a.response_offset, dense))
-        for a, b in pairwise(run)
-    ] + [(last.response_offset, last.response_offset + n)]
-    copied = sum(hi - lo if response is None else int(response.free(lo, hi)) for lo, hi in stretches)
+    copied = _free(_reference_vouched(run, n, source), response)
     return Piece(
         first.response_offset,
         last.response_offset + n,
@@ -423,6 +433,54 @@ def _reference_piece(run: list[Match], n: int, source: Params, response: Respons
         len(run),
         copied,
     )
+
+
+def _reference_one_text(
+    runs: list[list[Match]], n: int, sources: dict[int, Params], response: Response | None
+) -> list[Piece]:
+    """In response order, a piece joins the text before it when it overlaps it by a shingle and is of a
+    document the text has no piece of; each piece of a text then spans it, keeps its own document with
+    the source offsets carried along its diagonal, and counts the text's matches and the tokens any of
+    its pieces vouches for."""
+    pieces_ = [_reference_piece(run, n, sources[run[0].source_doc], response) for run in runs]
+    texts: dict[int, list[int]] = {}
+    head = -1
+    for i in sorted(range(len(runs)), key=lambda i: pieces_[i].start):
+        members = texts.get(head, [])
+        end = max((pieces_[j].end for j in members), default=0)
+        docs = {pieces_[j].source_doc for j in members}
+        if members and pieces_[i].start <= end - n and pieces_[i].source_doc not in docs:
+            members.append(i)
+        else:
+            head = i
+            texts[head] = [i]
+    text_of = {i: members for members in texts.values() for i in members}
+    out = []
+    for i, p in enumerate(pieces_):
+        members = text_of[i]
+        if len(members) == 1:
+            out.append(p)
+            continue
+        spans = sorted(span for j in members for span in _reference_vouched(runs[j], n, sources[runs[j][0].source_doc]))
+        union: list[tuple[int, int]] = []
+        for lo, hi in spans:
+            if union and lo <= union[-1][1]:
+                union[-1] = (union[-1][0], max(union[-1][1], hi))
+            else:
+                union.append((lo, hi))
+        start, end = min(pieces_[j].start for j in members), max(pieces_[j].end for j in members)
+        out.append(
+            Piece(
+                start,
+                end,
+                p.source_doc,
+                max(p.source_start - (p.start - start), 0),
+                p.source_end + (end - p.end),
+                sum(pieces_[j].fingerprints for j in members),
+                _free(union, response),
+            )
+        )
+    return out
 
 
 def _reference_between(sorted_offsets: list[int], lo: int, hi: int) -> bool:

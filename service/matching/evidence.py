@@ -380,23 +380,89 @@ def pieces(
     # Each match vouches for the tokens up to the next one of its piece, at most ``dense``; the last, its shingle.
     reach = np.concatenate((np.where(cut, n, np.minimum(step, dense[run[:-1]])), [n]))
     copied = reach if response is None else response.free(resp, resp + reach)
+    columns = [resp[first], resp[last] + n, doc[first], src[first], src[last] + n, last - first + 1]
     totals = np.add.reduceat(copied, first)
+    group = _one_text(columns[0], columns[1], columns[2], n)
+    if (group != np.arange(len(group))).any():
+        columns, totals = _united(columns, group, resp, resp + reach, run, response)
     if least > 0:
         keep = totals >= least
-        first, last, totals = first[keep], last[keep], totals[keep]
+        columns, totals = [c[keep] for c in columns], totals[keep]
     return [
         Piece(start, end, d, source_start, source_end, fingerprints, c)
         for start, end, d, source_start, source_end, fingerprints, c in zip(
-            resp[first].tolist(),
-            (resp[last] + n).tolist(),
-            doc[first].tolist(),
-            src[first].tolist(),
-            (src[last] + n).tolist(),
-            (last - first + 1).tolist(),
-            totals.tolist(),
-            strict=True,
+            *(c.tolist() for c in columns), totals.tolist(), strict=True
         )
     ]
+
+
+def _one_text(
+    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], docs: npt.NDArray[np.int64], n: int
+) -> npt.NDArray[np.int64]:
+    """Per piece (by its ``starts``, ``ends`` and ``docs``), the first piece of the text it belongs to (``_united``).
+
+    Pieces of different documents of the tenant that overlap by a shingle or more in the response are
+    one text the tenant holds twice: a prompt and the answer that echoed it, or the chat's next turn
+    sending it back. The index names the tenant's first document per fingerprint, so the shingles
+    the prompt's winnowing left out show in the answer, on its own diagonal, between the prompt's.
+    Pieces of one document on two diagonals stay apart: a phrase the document repeats.
+    """
+    group: npt.NDArray[np.int64] = np.arange(len(starts), dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    ordered_ends = np.maximum.accumulate(ends[order])
+    if not (starts[order][1:] <= ordered_ends[:-1] - n).any():
+        return group  # nothing overlaps: one numpy pass, whatever the number of pieces
+    head, head_end, head_docs = -1, 0, set[int]()
+    for i, start, end, doc in zip(
+        order.tolist(), starts[order].tolist(), ends[order].tolist(), docs[order].tolist(), strict=True
+    ):
+        if head >= 0 and start <= head_end - n and doc not in head_docs:
+            group[i] = head
+            head_end = max(head_end, end)
+            head_docs.add(doc)
+        else:
+            head, head_end, head_docs = i, end, {doc}
+    return group
+
+
+def _united(
+    columns: list[npt.NDArray[np.int64]],
+    group: npt.NDArray[np.int64],
+    lo: npt.NDArray[np.int64],
+    hi: npt.NDArray[np.int64],
+    run: npt.NDArray[np.int64],
+    response: Response | None,
+) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
+    """Each piece as the text it belongs to (``_one_text``): the span of that text's pieces, its own
+    document with its source offsets carried along its diagonal, their matches, and the tokens any of
+    them vouches for. Each stays a piece of its own document, so that a copy continues from either
+    (the prompt's next piece, past a substituted word, continues the prompt's)."""
+    start, end, doc, source_start, source_end, _ = columns
+    heads, at = np.unique(group, return_inverse=True)
+    # The tokens the matches vouch for, each once: [lo, hi) sorted per text, less what an earlier one covered.
+    text = at[run]
+    shift = (text * (int(hi.max()) + 1)).astype(np.int64)  # texts apart on one line, so one running max serves all
+    order = np.lexsort((lo, text))
+    a, b = lo[order] + shift[order], hi[order] + shift[order]
+    covered = np.concatenate(([0], np.maximum.accumulate(b)[:-1]))
+    a = np.maximum(a, covered)
+    b = np.maximum(b, a)
+    free = (b - a) if response is None else response.free(a - shift[order], b - shift[order])
+    totals = np.bincount(text[order], weights=free, minlength=len(heads)).astype(np.int64)
+    first = np.full(len(heads), np.iinfo(np.int64).max)
+    np.minimum.at(first, at, start)
+    last = np.zeros(len(heads), dtype=np.int64)
+    np.maximum.at(last, at, end)
+    fingerprints = np.bincount(at, weights=columns[5], minlength=len(heads)).astype(np.int64)
+    out = [
+        first[at],
+        last[at],
+        doc,
+        np.maximum(source_start - (start - first[at]), 0),
+        source_end + (last[at] - end),
+        fingerprints[at],
+    ]
+    return out, totals[at]
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from service.matching.evidence import (
     Match,
     Piece,
     Response,
+    Spans,
     Thresholds,
     coverage,
     evaluate,
@@ -467,7 +468,7 @@ def _evidence(
         for k, ms in sent.items()
         if ms
     }
-    theirs = stretches([p for ps in found.values() for p in ps])
+    theirs = _Stretches({k: stretches(ps) for k, ps in found.items()})
     # A prompt sent after the answer is no source of it, but still says whose text is no secret (Shared).
     matches = {}
     for key, ms in sent.items():
@@ -478,8 +479,10 @@ def _evidence(
             matches[key] = first
     for key, ms in c.served.items():
         kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], mine)
-        # Text another tenant sent came from its prompt, whoever else was served it since.
-        matches[key] = matches.get(key, []) + outside(kept, theirs)
+        # Text another tenant sent came from its prompt, whoever else was served it since. What this
+        # tenant sent and was also served (its answer echoing its prompt) stays its evidence: the
+        # answer's every shingle is what the prompt's winnowing left out between its matches.
+        matches[key] = matches.get(key, []) + theirs.outside_others(kept, key)
     shared = Shared.of(found, c.response.offsets)
     out = {}
     for key, ms in matches.items():
@@ -488,6 +491,28 @@ def _evidence(
             response = c.response.explained(shared.others(key))
         out[key] = (ms, evaluate(response, ms, params, budget, held[key]))
     return out
+
+
+class _Stretches:
+    """Each source's stretches (``stretches``), and how many sources' stretches cover an offset: one sort,
+    then a binary search per match, however many tenants sent or were served the text."""
+
+    def __init__(self, by_source: dict[MatchSource, Spans]) -> None:
+        self._by_source = by_source
+        self._starts = np.sort(np.concatenate([np.empty(0, np.int64), *(s for s, _ in by_source.values())]))
+        self._ends = np.sort(np.concatenate([np.empty(0, np.int64), *(e for _, e in by_source.values())]))
+
+    def outside_others(self, matches: list[Match], key: MatchSource) -> list[Match]:
+        """The matches in no stretch of a source other than ``key``."""
+        if not len(self._starts) or not matches:
+            return matches
+        at = np.fromiter((m.response_offset for m in matches), np.int64, len(matches))
+        # Half-open [start, end) spans, disjoint within one source: starts at or before, less ends at or before.
+        depth = np.searchsorted(self._starts, at, "right") - np.searchsorted(self._ends, at, "right")
+        own = self._by_source.get(key)
+        if own is not None:
+            depth -= within(at, own)
+        return [m for m, d in zip(matches, depth.tolist(), strict=True) if d == 0]
 
 
 @dataclass(frozen=True, slots=True)
