@@ -178,8 +178,10 @@ class FindingsWriter:
         """Upsert now, or put on hold; None when the database is down and the drafts were held instead.
         Those raised at once (canaries) go first: holding the others needs Redis, which may fail."""
         drafts = await self._unpurged(drafts)
-        later = [d for d in drafts if self._holds(d)]
-        now = [d for d in drafts if not self._holds(d)]
+        later: list[FindingDraft] = []
+        now: list[FindingDraft] = []
+        for d in drafts:
+            (later if self._holds(d) else now).append(d)
         written = await self._write_now(now) if now else []
         if later:
             await self._outbox.hold_until([encode_draft(d, judge=True) for d in later], time.time() + self.hold_seconds)
