@@ -260,8 +260,14 @@ async def test_an_answer_echoing_the_sources_prompt_fills_in_what_its_winnowing_
     await post(api, ex("a", "a1", prompt, answer, now - 10))
     leak = _twelve_tokens_the_prompt_shows_short(prompt)
     await post(api, ex("b", "b1", words("heapq"), f"{words('csv', 0, 30)} {leak} {words('difflib', 0, 30)}", now))
-    got = [(f["recipient_tenant"], f["source_tenant"]) for f in await findings(api)]
-    assert got == ([("b", "a")] if echoed else [])
+    found = await findings(api)
+    assert [(f["recipient_tenant"], f["source_tenant"]) for f in found] == ([("b", "a")] if echoed else [])
+    if echoed:  # each of the 9 shingles counted once; the ranges say where each document holds the text
+        (f,) = found
+        ranges = f["evidence"]["sources"][0]["ranges"]
+        assert {r["source_kind"] for r in ranges} == {"prompt", "response"}
+        assert sum(r["fingerprints"] for r in ranges) == f["matched_fingerprints"] == 9
+        assert f["longest_run_tokens"] == 12
 
 
 async def test_a_prompt_sent_long_after_an_answer_is_not_its_source(api: Api) -> None:

@@ -440,8 +440,8 @@ def _reference_one_text(
 ) -> list[Piece]:
     """In response order, a piece joins the text before it when it overlaps it by a shingle and is of a
     document the text has no piece of; each piece of a text then spans it, keeps its own document with
-    the source offsets carried along its diagonal, and counts the text's matches and the tokens any of
-    its pieces vouches for."""
+    the source offsets carried along its diagonal and its own matches, counts the tokens any of the
+    text's pieces vouches for, and keeps itself as ``own``."""
     pieces_ = [_reference_piece(run, n, sources[run[0].source_doc], response) for run in runs]
     texts: dict[int, list[int]] = {}
     head = -1
@@ -469,15 +469,17 @@ def _reference_one_text(
             else:
                 union.append((lo, hi))
         start, end = min(pieces_[j].start for j in members), max(pieces_[j].end for j in members)
+        source_start = max(p.source_start - (p.start - start), 0)
         out.append(
             Piece(
                 start,
                 end,
                 p.source_doc,
-                max(p.source_start - (p.start - start), 0),
+                source_start,
                 p.source_end + (end - p.end),
-                sum(pieces_[j].fingerprints for j in members),
+                p.fingerprints,
                 _free(union, response),
+                p,
             )
         )
     return out

@@ -8,7 +8,10 @@ in two steps, each with one reason (docs/detection.md):
    offset) with no *hole* between them. A hole is a fingerprint the source would have kept had
    the text been the same there (the response re-winnowed with the source's window: ``kept``)
    that is neither the source tenant's nor blind (common, allowlisted, the recipient's own). A
-   piece is thus an exact copy, as far as fingerprints can tell.
+   piece is thus an exact copy, as far as fingerprints can tell. Pieces of other documents of
+   the tenant overlapping by a shingle are one text (``_one_text``): the index names the
+   tenant's first document per fingerprint, so a text it holds twice (a prompt and the answer
+   that echoed it) splits between them.
 2. **Copies.** Pieces chained in response order while each continues the source where the
    last one stopped (``_joins``).
 
@@ -75,6 +78,10 @@ class Piece:
     ``copied``: the tokens its matches vouch for, at most ``end - start``. Between two matches
     further apart than the source keeps fingerprints, the response is blind (common text, say),
     and no evidence of copying: only the next shingle's tokens count.
+
+    ``own``: where the piece is one of a text the tenant holds in several documents (``_one_text``), the
+    piece as its own document shows it; this one then spans the text, its source offsets carried
+    along its diagonal, and ``copied`` is what any of the text's pieces vouches for. Reports say ``own``.
     """
 
     start: int
@@ -84,6 +91,7 @@ class Piece:
     source_end: int
     fingerprints: int
     copied: int
+    own: Piece | None = None
 
     @property
     def tokens(self) -> int:
@@ -341,7 +349,8 @@ def pieces(
     response: Response | None = None,
     least: int = 0,
 ) -> list[Piece]:
-    """The exact pieces of one tenant's matches: one diagonal of one document, no hole (``gaps``) between.
+    """The exact pieces of one tenant's matches: one diagonal of one document, no hole (``gaps``) between;
+    those of other documents over one text widened to it (``_one_text``, ``Piece.own``).
 
     Matches off the diagonal do not cut a piece: the index keeps one offset per document and
     fingerprint, so a phrase the source repeats points back to its first occurrence, and is
@@ -380,20 +389,24 @@ def pieces(
     # Each match vouches for the tokens up to the next one of its piece, at most ``dense``; the last, its shingle.
     reach = np.concatenate((np.where(cut, n, np.minimum(step, dense[run[:-1]])), [n]))
     copied = reach if response is None else response.free(resp, resp + reach)
-    columns = [resp[first], resp[last] + n, doc[first], src[first], src[last] + n, last - first + 1]
     totals = np.add.reduceat(copied, first)
-    group = _one_text(columns[0], columns[1], columns[2], n)
-    if (group != np.arange(len(group))).any():
-        columns, totals = _united(columns, group, resp, resp + reach, run, response)
-    if least > 0:
-        keep = totals >= least
-        columns, totals = [c[keep] for c in columns], totals[keep]
-    return [
+    found = [
         Piece(start, end, d, source_start, source_end, fingerprints, c)
         for start, end, d, source_start, source_end, fingerprints, c in zip(
-            *(c.tolist() for c in columns), totals.tolist(), strict=True
+            resp[first].tolist(),
+            (resp[last] + n).tolist(),
+            doc[first].tolist(),
+            src[first].tolist(),
+            (src[last] + n).tolist(),
+            (last - first + 1).tolist(),
+            totals.tolist(),
+            strict=True,
         )
     ]
+    group = _one_text(resp[first], resp[last] + n, doc[first], n)
+    if (group != np.arange(len(group))).any():
+        found = _united(found, group, resp, resp + reach, run, response)
+    return [p for p in found if p.copied >= least] if least > 0 else found
 
 
 def _one_text(
@@ -426,18 +439,18 @@ def _one_text(
 
 
 def _united(
-    columns: list[npt.NDArray[np.int64]],
+    found: list[Piece],
     group: npt.NDArray[np.int64],
     lo: npt.NDArray[np.int64],
     hi: npt.NDArray[np.int64],
     run: npt.NDArray[np.int64],
     response: Response | None,
-) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
-    """Each piece as the text it belongs to (``_one_text``): the span of that text's pieces, its own
-    document with its source offsets carried along its diagonal, their matches, and the tokens any of
-    them vouches for. Each stays a piece of its own document, so that a copy continues from either
-    (the prompt's next piece, past a substituted word, continues the prompt's)."""
-    start, end, doc, source_start, source_end, _ = columns
+) -> list[Piece]:
+    """Each piece of a text of several (``_one_text``) as that text: its span, its own document with the
+    source offsets carried along its diagonal, and the tokens any of the text's pieces vouches for
+    (``Piece.own``). The pieces of one text then have one span, so no copy chains two of them; each
+    stays a piece of its own document, so that a copy continues from either (the prompt's next
+    piece, past a substituted word, continues the prompt's)."""
     heads, at = np.unique(group, return_inverse=True)
     # The tokens the matches vouch for, each once: [lo, hi) sorted per text, less what an earlier one covered.
     text = at[run]
@@ -448,21 +461,21 @@ def _united(
     a = np.maximum(a, covered)
     b = np.maximum(b, a)
     free = (b - a) if response is None else response.free(a - shift[order], b - shift[order])
-    totals = np.bincount(text[order], weights=free, minlength=len(heads)).astype(np.int64)
-    first = np.full(len(heads), np.iinfo(np.int64).max)
-    np.minimum.at(first, at, start)
-    last = np.zeros(len(heads), dtype=np.int64)
-    np.maximum.at(last, at, end)
-    fingerprints = np.bincount(at, weights=columns[5], minlength=len(heads)).astype(np.int64)
-    out = [
-        first[at],
-        last[at],
-        doc,
-        np.maximum(source_start - (start - first[at]), 0),
-        source_end + (last[at] - end),
-        fingerprints[at],
-    ]
-    return out, totals[at]
+    totals = np.bincount(text[order], weights=free, minlength=len(heads)).astype(np.int64).tolist()
+    members = np.bincount(at, minlength=len(heads)).tolist()
+    first: list[int] = [np.iinfo(np.int64).max] * len(heads)
+    last: list[int] = [0] * len(heads)
+    for p, t in zip(found, at.tolist(), strict=True):
+        first[t], last[t] = min(first[t], p.start), max(last[t], p.end)
+    out = []
+    for p, t in zip(found, at.tolist(), strict=True):
+        if members[t] == 1:
+            out.append(p)
+            continue
+        source_start = max(p.source_start - (p.start - first[t]), 0)
+        source_end = p.source_end + (last[t] - p.end)
+        out.append(Piece(first[t], last[t], p.source_doc, source_start, source_end, p.fingerprints, totals[t], p))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,7 +580,8 @@ def is_finding(copied: list[Copy], t: Thresholds) -> bool:
     """More than a coincidence: a copy that scores ``min_score`` with at least ``min_matched`` fingerprints,
     and has a stretch. Short pieces in the source's order, with other words between, are the shape of
     an interleaved leak and of a template filled in twice (a class's methods beside another's); only
-    the leak has somewhere an exact piece of the 8 tokens that make a copy."""
+    the leak has somewhere an exact piece of the 8 tokens that make a copy (or a text of several
+    documents' pieces, ``_one_text``, that vouch for 8 tokens together)."""
     return any(c.score >= t.min_score and c.fingerprints >= t.min_matched and c.stretch for c in copied)
 
 

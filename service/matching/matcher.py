@@ -674,7 +674,7 @@ def _summarise(key: MatchSource, copied: list[Copy], sources: dict[int, Source],
         request_ids=sorted({sources[p.source_doc].request_id for p in found}),
         stretches=tuple((p.start, p.end - n) for p in found),
         first_ref=min(p.source_doc for p in found),
-        ranges=[
+        ranges=[  # where each document holds it, not the text several of them make (Piece.own)
             {
                 "response": [p.start, p.end],
                 "source_request_id": sources[p.source_doc].request_id,
@@ -682,7 +682,7 @@ def _summarise(key: MatchSource, copied: list[Copy], sources: dict[int, Source],
                 "source": [p.source_start, p.source_end],
                 "fingerprints": p.fingerprints,
             }
-            for p in found
+            for p in (q.own or q for q in found)
         ],
     )
 
