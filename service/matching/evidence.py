@@ -50,7 +50,7 @@ MAX_PREDECESSORS = 16
 JOIN_TOKENS = 1
 # A stretch: a piece (an exact copy, as far as fingerprints tell) vouching for this many tokens, the
 # length the issue of record calls a copy, which unrelated documents of one genre do not share. A
-# copy needs one (is_finding), and a stretch two tenants each sent is shared text (matcher.Shared).
+# copy needs one (is_finding), and a stretch two tenants each sent is shared text (matcher._evidence).
 STRETCH_TOKENS = 8
 
 

@@ -36,7 +36,6 @@ from service.matching.evidence import (
     Budget,
     Copy,
     Match,
-    Piece,
     Response,
     Spans,
     Thresholds,
@@ -455,7 +454,7 @@ def _evidence(
     own = [m for m in c.own if m.source_doc in params]
     # The recipient's own text is blind, and where its matches make a stretch so is all of it:
     # prompts are winnowed, so an echo is known at a few of its fingerprints. Who sent a phrase
-    # shorter than a stretch is chance, as for ``Shared``.
+    # shorter than a stretch is chance, as for text two tenants sent (below).
     at = np.sort(np.fromiter((m.response_offset for m in own), np.int64, len(own)))
     c.response.blind_within((at, at + 1))
     # Only stretches are asked for: a response of one value repeated makes each of its matches a piece.
@@ -468,8 +467,9 @@ def _evidence(
         for k, ms in sent.items()
         if ms
     }
-    theirs = _Stretches({k: stretches(ps) for k, ps in found.items()})
-    # A prompt sent after the answer is no source of it, but still says whose text is no secret (Shared).
+    stretched = {k: stretches(ps) for k, ps in found.items()}
+    theirs = Stretched(stretched)
+    # A prompt sent after the answer is no source of it, but still says whose text is no secret (below).
     matches = {}
     for key, ms in sent.items():
         first = [m for m in ms if _sent_first(sources[m.source_doc], c.meta, lead)]  # in params: a known source
@@ -483,75 +483,48 @@ def _evidence(
         # tenant sent and was also served (its answer echoing its prompt) stays its evidence: the
         # answer's every shingle is what the prompt's winnowing left out between its matches.
         matches[key] = matches.get(key, []) + theirs.outside_others(kept, key)
-    shared = Shared.of(found, c.response.offsets)
+    # Text two tenants each sent is neither one's secret: a public notice both pasted, which no allowlist
+    # knows yet. Each is then evidence only of what the other did not send.
+    tenants: dict[MatchSource, Spans] = {
+        k: s for k, s in stretched.items() if isinstance(k, TenantSource) and len(s[0])
+    }
+    shared = Stretched(tenants) if len(tenants) >= 2 else None
     out = {}
     for key, ms in matches.items():
         response = c.response
         if shared is not None and isinstance(key, TenantSource):
-            response = c.response.explained(shared.others(key))
+            response = c.response.explained(shared.others(c.response.offsets.astype(np.int64), key))
         out[key] = (ms, evaluate(response, ms, params, budget, held[key]))
     return out
 
 
-class _Stretches:
-    """Each source's stretches (``stretches``), and how many sources' stretches cover an offset: one sort,
-    then a binary search per match, however many tenants sent or were served the text."""
+class Stretched:
+    """Each source's stretches (``stretches``), to ask which points lie in a stretch of a source other than
+    a given one: a served match there is that source's text, and a tenant's evidence there is text
+    another tenant sent too (``_evidence``). Each source's spans are merged, so the sources covering a
+    point are the starts at or before it less the ends at or before it: one sort, then two binary
+    searches per point, whatever the number of sources."""
 
     def __init__(self, by_source: dict[MatchSource, Spans]) -> None:
         self._by_source = by_source
         self._starts = np.sort(np.concatenate([np.empty(0, np.int64), *(s for s, _ in by_source.values())]))
         self._ends = np.sort(np.concatenate([np.empty(0, np.int64), *(e for _, e in by_source.values())]))
 
+    def others(self, at: npt.NDArray[np.int64], key: MatchSource) -> npt.NDArray[np.bool_]:
+        """Which of the response offsets ``at`` lie in a stretch of a source other than ``key``."""
+        depth = np.searchsorted(self._starts, at, "right") - np.searchsorted(self._ends, at, "right")
+        own = self._by_source.get(key)
+        if own is not None:
+            depth -= within(at, own)
+        out: npt.NDArray[np.bool_] = depth > 0
+        return out
+
     def outside_others(self, matches: list[Match], key: MatchSource) -> list[Match]:
         """The matches in no stretch of a source other than ``key``."""
         if not len(self._starts) or not matches:
             return matches
         at = np.fromiter((m.response_offset for m in matches), np.int64, len(matches))
-        # Half-open [start, end) spans, disjoint within one source: starts at or before, less ends at or before.
-        depth = np.searchsorted(self._starts, at, "right") - np.searchsorted(self._ends, at, "right")
-        own = self._by_source.get(key)
-        if own is not None:
-            depth -= within(at, own)
-        return [m for m, d in zip(matches, depth.tolist(), strict=True) if d == 0]
-
-
-@dataclass(frozen=True, slots=True)
-class Shared:
-    """Which response fingerprints lie in a stretch of at least ``STRETCH_TOKENS`` tokens that a
-    tenant sent: how many tenants did (``count``), and which one where it was one (``owner``).
-
-    Text two tenants each sent is neither one's secret: a public notice both pasted, which no
-    allowlist knows yet. Each is then evidence only of what the other did not send. Tenants'
-    stretches overlap a few deep at most (a fingerprint three tenants sent is common), so this
-    is one sort and one pass, whatever the number of tenants.
-    """
-
-    ids: dict[TenantSource, int]
-    count: npt.NDArray[np.int64]
-    owner: npt.NDArray[np.int64]
-
-    @classmethod
-    def of(cls, found: dict[MatchSource, list[Piece]], offsets: npt.NDArray[np.uint32]) -> Shared | None:
-        covered = {key: stretches(ps) for key, ps in found.items() if isinstance(key, TenantSource)}
-        covered = {key: s for key, s in covered.items() if len(s[0])}
-        if len(covered) < 2:
-            return None
-        ids = {key: i for i, key in enumerate(covered, start=1)}
-        at = offsets.astype(np.int64)
-        count = np.zeros(len(at), dtype=np.int64)
-        owner = np.zeros(len(at), dtype=np.int64)
-        for key, (starts, ends) in covered.items():
-            i = np.searchsorted(starts, at, "right") - 1
-            inside = (i >= 0) & (at < ends[np.maximum(i, 0)])
-            count += inside
-            owner += inside * ids[key]
-        return cls(ids, count, owner)
-
-    def others(self, key: TenantSource) -> npt.NDArray[np.bool_]:
-        """The fingerprints in a stretch another tenant sent."""
-        mine = self.ids.get(key, 0)
-        out: npt.NDArray[np.bool_] = (self.count >= 2) | ((self.count == 1) & (self.owner != mine))
-        return out
+        return [m for m, x in zip(matches, self.others(at, key).tolist(), strict=True) if not x]
 
 
 def _classify_all(
