@@ -270,6 +270,37 @@ async def test_an_answer_echoing_the_sources_prompt_fills_in_what_its_winnowing_
         assert f["longest_run_tokens"] == 12
 
 
+def _kept_at_both_ends(text: str, tokens: int) -> tuple[int, str]:
+    """``tokens`` tokens of ``text`` whose first and last shingles its winnowing keeps, with no phrase the
+    text repeats, and where they start: a copy the text alone shows whole, and no more."""
+    words_ = tokenize(text)
+    kept = set(fp(text, DEFAULT_PARAMS).offsets.tolist())
+    grams = Counter(tuple(words_[i : i + 4]) for i in range(len(words_) - 3))
+    for start in range(len(words_) - tokens):
+        last = start + tokens - 4
+        once = all(grams[tuple(words_[i : i + 4])] == 1 for i in range(start, last + 1))
+        if once and start in kept and last in kept:
+            return start, " ".join(words_[start : start + tokens])
+    raise AssertionError(f"no such {tokens} tokens")
+
+
+async def test_a_leak_right_after_the_recipients_echo_keeps_its_first_tokens(api: Api) -> None:
+    """b's answer echoes 20 tokens of its prompt, then goes on with 12 tokens of a's. The echo is blind to
+    n - 1 shingles past its last match (its prompt's winnowing may have left the next ones out), but
+    those shingles hold the first tokens of a's text, and a's matches say whose they are: 12 tokens,
+    a finding."""
+    now = time.time()
+    b_prompt = words("heapq", 0, 80)
+    start, _ = _kept_at_both_ends(b_prompt, 20)
+    echo = " ".join(tokenize(b_prompt)[start : start + 20])  # ends with a shingle b's prompt kept
+    a_prompt = words("argparse", 0, 200)
+    _, leak = _kept_at_both_ends(a_prompt, 12)
+    await post(api, ex("a", "a1", a_prompt, words("json", 0, 30), now - 10))
+    await post(api, ex("b", "b1", b_prompt, f"{words('csv', 0, 30)} {echo} {leak} {words('difflib', 0, 30)}", now))
+    (f,) = await findings(api)
+    assert (f["recipient_tenant"], f["source_tenant"], f["longest_run_tokens"]) == ("b", "a", 12)
+
+
 async def test_a_prompt_sent_long_after_an_answer_is_not_its_source(api: Api) -> None:
     # A request lasts at most BLEEDWATCH_MAX_REQUEST_SECONDS (900): a text first sent later than that
     # after the answer was not in the pages it was generated from, whenever it arrives.

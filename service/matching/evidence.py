@@ -162,13 +162,15 @@ class Response:
     """The recipient's response as evidence sees it: fingerprints by offset, which are blind, its parameters.
 
     ``blind``: fingerprints that can be nobody's evidence and no source's hole (common,
-    allowlisted, the recipient's own text).
+    allowlisted, the recipient's own text). ``unsure``: the blind ones whose tokens are no known
+    text, so they explain none (``blind_within``).
     """
 
     values: npt.NDArray[np.uint64]
     offsets: npt.NDArray[np.uint32]
     blind: npt.NDArray[np.bool_]
     params: Params
+    unsure: npt.NDArray[np.bool_] | None = None
     _kept: dict[tuple[int, int], npt.NDArray[np.bool_]] = field(default_factory=dict, repr=False)
     _explained: Explained | None = field(default=None, repr=False)
 
@@ -182,7 +184,8 @@ class Response:
         claim any offset up to 2**32 - 1).
         """
         if self._explained is None:
-            self._explained = _prefix_lengths(spans_of(self.offsets[self.blind].astype(np.int64), self.params.n))
+            explaining = self.blind if self.unsure is None else self.blind & ~self.unsure
+            self._explained = _prefix_lengths(spans_of(self.offsets[explaining].astype(np.int64), self.params.n))
         low, high = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
         out: npt.NDArray[np.int64] = (high - low) - (
             _covered_below(self._explained, high) - _covered_below(self._explained, low)
@@ -217,12 +220,23 @@ class Response:
         """The same response with ``more`` fingerprints blind too (its window cache kept)."""
         if not more.any():
             return self
-        return Response(self.values, self.offsets, self.blind | more, self.params, self._kept)
+        unsure = None if self.unsure is None else self.unsure & ~more
+        return Response(self.values, self.offsets, self.blind | more, self.params, unsure, self._kept)
 
-    def blind_within(self, found: Spans) -> None:
-        """Everything inside ``found`` is blind from now on (the recipient's own text)."""
+    def blind_within(self, found: Spans, *, explains: bool = True) -> None:
+        """Everything inside ``found`` is blind from now on (the recipient's own text).
+
+        ``explains=False``: its tokens are no known text, and those not blind before explain none.
+        A stretch of the recipient's echo is blind to its end, which reaches n - 1 shingles past
+        its last match, since its winnowed prompt may have left out the next; but those shingles
+        hold the tokens after the echo, where a leak may begin, and only a match shows whose they are.
+        """
         if len(found[0]):
-            self.blind |= within(self.offsets, found)
+            inside = within(self.offsets, found)
+            if not explains:
+                fresh = inside & ~self.blind
+                self.unsure = fresh if self.unsure is None else self.unsure | fresh
+            self.blind |= inside
             self._explained = None
 
 

@@ -454,12 +454,13 @@ def _evidence(
     own = [m for m in c.own if m.source_doc in params]
     # The recipient's own text is blind, and where its matches make a stretch so is all of it:
     # prompts are winnowed, so an echo is known at a few of its fingerprints. Who sent a phrase
-    # shorter than a stretch is chance, as for text two tenants sent (below).
+    # shorter than a stretch is chance, as for text two tenants sent (below). Only the matches'
+    # tokens are the recipient's for sure: a leak may begin right after the echo.
     at = np.sort(np.fromiter((m.response_offset for m in own), np.int64, len(own)))
     c.response.blind_within((at, at + 1))
     # Only stretches are asked for: a response of one value repeated makes each of its matches a piece.
     mine = stretches(pieces(own, holes(c.response, own, params), params, n, least=STRETCH_TOKENS))
-    c.response.blind_within(mine)
+    c.response.blind_within(mine, explains=False)
     sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
     held = c.held()
     found = {
