@@ -301,6 +301,36 @@ async def test_a_leak_right_after_the_recipients_echo_keeps_its_first_tokens(api
     assert (f["recipient_tenant"], f["source_tenant"], f["longest_run_tokens"]) == ("b", "a", 12)
 
 
+@pytest.mark.parametrize(("long_prompt", "cut"), [(False, 26), (False, 40), (False, 100), (True, 26), (True, 100)])
+async def test_an_echo_is_the_recipients_text_as_far_as_its_prompt_may_hide_it(
+    api: Api, long_prompt: bool, cut: int
+) -> None:
+    """r echoes its own prompt, and its prompt keeps few fingerprints: winnowed with w = 13, or a
+    quarter of them past 65,536 tokens. s holds the same text (it was served it, or sent it), every
+    shingle of it. The echo may go on unseen around r's matches for up to w (or 4 w) shingles: that is
+    r's, no evidence that s's text leaked. (Sampling keeps a quarter at random, so a gap can be longer:
+    docs/detection.md, known limits.)"""
+    now = time.time()
+    text = words("unittest", 0, 120)
+    params = Params(w=3) if long_prompt else Params(w=13)
+    filler = " ".join(f"q{i}z" for i in range(66_000)) if long_prompt else words("heapq", 0, 40)
+
+    def exchange(tenant: str, prompt: str, response: str, ts: float) -> dict[str, Any]:
+        return fingerprint_exchange(
+            prompt, response, key=KEY, tenant=tenant, request_id=f"{tenant}1", model="m", ts=ts, params=params
+        )
+
+    s_text = f"{words('json', 0, 40)} {text} {words('difflib', 0, 40)}"
+    if long_prompt:
+        await post(api, exchange("s", s_text, words("argparse", 0, 30), now - 10))
+    else:
+        await post(api, exchange("s", words("argparse", 0, 30), s_text, now - 3000))
+    echo = " ".join(tokenize(text)[:cut])
+    r_prompt = f"{filler} {text} {words('csv', 0, 40)}"
+    await post(api, exchange("r", r_prompt, f"{words('sqlite3', 0, 30)} {echo} {words('socket', 0, 30)}", now))
+    assert await findings(api) == []
+
+
 async def test_a_prompt_sent_long_after_an_answer_is_not_its_source(api: Api) -> None:
     # A request lasts at most BLEEDWATCH_MAX_REQUEST_SECONDS (900): a text first sent later than that
     # after the answer was not in the pages it was generated from, whenever it arrives.

@@ -226,16 +226,16 @@ class Response:
     def blind_within(self, found: Spans, *, explains: bool = True) -> None:
         """Everything inside ``found`` is blind from now on (the recipient's own text).
 
-        ``explains=False``: its tokens are no known text, and those not blind before explain none.
-        A stretch of the recipient's echo is blind to its end, which reaches n - 1 shingles past
-        its last match, since its winnowed prompt may have left out the next; but those shingles
-        hold the tokens after the echo, where a leak may begin, and only a match shows whose they are.
+        ``explains``: its tokens are known text, which no copy claims; else those not blind before
+        are ``unsure`` and explain none, until a later call says they do.
         """
         if len(found[0]):
             inside = within(self.offsets, found)
             if not explains:
                 fresh = inside & ~self.blind
                 self.unsure = fresh if self.unsure is None else self.unsure | fresh
+            elif self.unsure is not None:
+                self.unsure &= ~inside
             self.blind |= inside
             self._explained = None
 

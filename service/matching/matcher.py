@@ -454,14 +454,20 @@ def _evidence(
     own = [m for m in c.own if m.source_doc in params]
     # The recipient's own text is blind, and where its matches make a stretch so is all of it:
     # prompts are winnowed, so an echo is known at a few of its fingerprints. Who sent a phrase
-    # shorter than a stretch is chance, as for text two tenants sent (below). Only the matches'
-    # tokens are the recipient's for sure: a leak may begin right after the echo.
+    # shorter than a stretch is chance, as for text two tenants sent (below).
     at = np.sort(np.fromiter((m.response_offset for m in own), np.int64, len(own)))
     c.response.blind_within((at, at + 1))
     # Only stretches are asked for: a response of one value repeated makes each of its matches a piece.
     mine = stretches(pieces(own, holes(c.response, own, params), params, n, least=STRETCH_TOKENS))
-    c.response.blind_within(mine, explains=False)
-    sent = {k: outside([m for m in ms if m.source_doc in params], mine) for k, ms in c.sent.items()}
+    # An echo may go on before its first match and past its last as far as its prompt's winnowing hides:
+    # those shingles are no one's evidence. But they also hold the tokens around the echo, where a leak
+    # may end or begin, and only a match says whose those are: from its first match to its last only is
+    # it the recipient's text for sure.
+    unseen = _unseen(own, params)
+    echo = (mine[0] - (unseen - 1), mine[1] - n + unseen)
+    c.response.blind_within(echo, explains=False)
+    c.response.blind_within((mine[0], mine[1] - (n - 1)))
+    sent = {k: outside([m for m in ms if m.source_doc in params], echo) for k, ms in c.sent.items()}
     held = c.held()
     found = {
         k: pieces(ms, holes(c.response, ms, params, held[k]), params, n, least=STRETCH_TOKENS)
@@ -479,7 +485,7 @@ def _evidence(
         if first:
             matches[key] = first
     for key, ms in c.served.items():
-        kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], mine)
+        kept = outside([m for m in ms if _may_source(sources.get(m.source_doc), c.meta, c.ref, m.source_doc)], echo)
         # Text another tenant sent came from its prompt, whoever else was served it since. What this
         # tenant sent and was also served (its answer echoing its prompt) stays its evidence: the
         # answer's every shingle is what the prompt's winnowing left out between its matches.
@@ -497,6 +503,16 @@ def _evidence(
             response = c.response.explained(shared.others(c.response.offsets.astype(np.int64), key))
         out[key] = (ms, evaluate(response, ms, params, budget, held[key]))
     return out
+
+
+def _unseen(own: list[Match], params: dict[int, Params]) -> int:
+    """How many shingles beyond its matches the recipient's echo may go on unseen, and one: its prompt
+    keeps one shingle in w, and past ``sample_after`` one in ``sample_mod`` of those."""
+    most = 1
+    for m in own:
+        p = params[m.source_doc]
+        most = max(most, p.w * (p.sample_mod if m.source_offset >= p.sample_after else 1))
+    return most
 
 
 class Stretched:
