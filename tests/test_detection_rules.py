@@ -285,8 +285,8 @@ def _kept_at_both_ends(text: str, tokens: int) -> tuple[int, str]:
 
 
 async def test_a_leak_right_after_the_recipients_echo_keeps_its_first_tokens(api: Api) -> None:
-    """b's answer echoes 20 tokens of its prompt, then goes on with 12 tokens of a's. The echo is blind to
-    n - 1 shingles past its last match (its prompt's winnowing may have left the next ones out), but
+    """b's answer echoes 20 tokens of its prompt, then goes on with 12 tokens of a's. The echo is blind a
+    few shingles past its last match (its prompt's winnowing may have left the next ones out), but
     those shingles hold the first tokens of a's text, and a's matches say whose they are: 12 tokens,
     a finding."""
     now = time.time()

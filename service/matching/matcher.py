@@ -506,8 +506,8 @@ def _evidence(
 
 
 def _unseen(own: list[Match], params: dict[int, Params]) -> int:
-    """How many shingles beyond its matches the recipient's echo may go on unseen, and one: its prompt
-    keeps one shingle in w, and past ``sample_after`` one in ``sample_mod`` of those."""
+    """One more than the shingles the recipient's echo may go on unseen beyond its matches: its prompt
+    keeps one shingle in every w, and past ``sample_after`` one in ``sample_mod`` of those."""
     most = 1
     for m in own:
         p = params[m.source_doc]
