@@ -355,6 +355,18 @@ def _source_params(docs: npt.NDArray[np.int64], sources: dict[int, Params]) -> t
     return w[at], after[at], mod[at]
 
 
+def widest_gap(matches: list[Match], sources: dict[int, Params]) -> int:
+    """The most shingles apart two fingerprints the sources of ``matches`` keep can be, next to one another
+    (w, times ``sample_mod`` past ``sample_after``): how far their text may go on unseen beyond the matches,
+    and one (1 with no matches)."""
+    if not matches:
+        return 1
+    docs = np.fromiter((m.source_doc for m in matches), np.int64, len(matches))
+    src = np.fromiter((m.source_offset for m in matches), np.int64, len(matches))
+    w, after, mod = _source_params(docs, sources)
+    return int((w * np.where(src >= after, mod, 1)).max())
+
+
 def pieces(
     matches: list[Match],
     gaps: list[int],

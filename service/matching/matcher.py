@@ -51,6 +51,7 @@ from service.matching.evidence import (
     pieces,
     severity,
     stretches,
+    widest_gap,
     within,
 )
 from service.matching.known import Known, KnownFingerprints
@@ -463,7 +464,7 @@ def _evidence(
     # those shingles are no one's evidence. But they also hold the tokens around the echo, where a leak
     # may end or begin, and only a match says whose those are: from its first match to its last only is
     # it the recipient's text for sure.
-    unseen = _unseen(own, params)
+    unseen = widest_gap(own, params)
     echo = (mine[0] - (unseen - 1), mine[1] - n + unseen)
     c.response.blind_within(echo, explains=False)
     c.response.blind_within((mine[0], mine[1] - (n - 1)))
@@ -503,16 +504,6 @@ def _evidence(
             response = c.response.explained(shared.others(c.response.offsets.astype(np.int64), key))
         out[key] = (ms, evaluate(response, ms, params, budget, held[key]))
     return out
-
-
-def _unseen(own: list[Match], params: dict[int, Params]) -> int:
-    """One more than the shingles the recipient's echo may go on unseen beyond its matches: its prompt
-    keeps one shingle in every w, and past ``sample_after`` one in ``sample_mod`` of those."""
-    most = 1
-    for m in own:
-        p = params[m.source_doc]
-        most = max(most, p.w * (p.sample_mod if m.source_offset >= p.sample_after else 1))
-    return most
 
 
 class Stretched:
